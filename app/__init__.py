@@ -1,0 +1,1 @@
+"""batchserve's HTTP face: settings, routes, metrics and the model engine."""

@@ -1,0 +1,38 @@
+"""Model loading, device and precision, and the batched inference engine."""
+
+from __future__ import annotations
+
+from app.engine.device import DeviceError, resolve_device, resolve_precision
+from app.engine.engine import InferenceEngine, InferenceRequest, Prediction
+from app.engine.loading import LoadedModel, ModelLoadError, load_model
+from app.metrics import Metrics
+from app.settings import Settings
+from preprocessing import ImageLimits
+
+__all__ = [
+    "DeviceError",
+    "InferenceEngine",
+    "InferenceRequest",
+    "LoadedModel",
+    "ModelLoadError",
+    "Prediction",
+    "build_engine",
+    "load_model",
+]
+
+
+def build_engine(settings: Settings, metrics: Metrics | None = None) -> InferenceEngine:
+    """Load the configured model onto the configured device, in the configured precision."""
+    device = resolve_device(settings.device)
+    dtype = resolve_precision(settings.precision, device)
+    loaded = load_model(
+        settings.model,
+        settings.weights,
+        settings.labels,
+        settings.image_size,
+        settings.resize_size,
+    )
+    limits = ImageLimits(
+        max_pixels=settings.max_image_pixels, resize_size=loaded.transform.resize_size
+    )
+    return InferenceEngine(loaded, device, dtype, limits=limits, metrics=metrics)

@@ -1,0 +1,49 @@
+"""Where the model runs and in which precision."""
+
+from __future__ import annotations
+
+import torch
+
+DTYPES = {"fp32": torch.float32, "fp16": torch.float16, "bf16": torch.bfloat16}
+NAMES = {dtype: name for name, dtype in DTYPES.items()}
+
+
+class DeviceError(RuntimeError):
+    """The configured device or precision is not available on this machine."""
+
+
+def resolve_device(setting: str) -> torch.device:
+    """``auto`` is the first CUDA device when there is one, else the CPU."""
+    if setting == "auto":
+        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    device = torch.device(setting)
+    if device.type == "cuda":
+        if not torch.cuda.is_available():
+            raise DeviceError(f"BATCHSERVE_DEVICE={setting} but CUDA is not available here")
+        index = device.index or 0
+        if index >= torch.cuda.device_count():
+            raise DeviceError(
+                f"BATCHSERVE_DEVICE={setting} but only {torch.cuda.device_count()} GPU(s) exist"
+            )
+        return torch.device("cuda", index)
+    return device
+
+
+def cpu_supports_bf16() -> bool:
+    """True when oneDNN has native bf16 kernels here (AVX512-BF16 or AMX)."""
+    try:
+        return bool(torch.ops.mkldnn._is_mkldnn_bf16_supported())
+    except (AttributeError, RuntimeError):
+        return False
+
+
+def resolve_precision(setting: str, device: torch.device) -> torch.dtype:
+    """``auto``: fp16 on CUDA, bf16 on a CPU with native bf16, else fp32."""
+    if setting == "auto":
+        if device.type == "cuda":
+            return torch.float16
+        return torch.bfloat16 if cpu_supports_bf16() else torch.float32
+    dtype = DTYPES[setting]
+    if dtype is torch.bfloat16 and device.type == "cuda" and not torch.cuda.is_bf16_supported():
+        raise DeviceError("BATCHSERVE_PRECISION=bf16 but this GPU has no bf16 support")
+    return dtype

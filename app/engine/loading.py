@@ -1,0 +1,310 @@
+"""Build a classification model by name, with its weights, labels and evaluation transform."""
+
+from __future__ import annotations
+
+import difflib
+import importlib
+import logging
+import os
+from collections.abc import Mapping
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+from urllib.parse import urlparse
+
+import torch
+import torchvision
+from torch import nn
+from torchvision.models import get_model, get_model_weights, list_models
+from torchvision.transforms import InterpolationMode
+
+from preprocessing import TransformConfig
+
+logger = logging.getLogger("batchserve")
+
+RANDOM = "random"
+_CHECKPOINT_KEYS = ("state_dict", "model_state_dict", "model", "module", "net")
+_WRAPPER_PREFIXES = ("module.", "_orig_mod.")
+
+
+class ModelLoadError(RuntimeError):
+    """The model, its weights or its labels cannot be used; the message says why and what to do."""
+
+
+@dataclass(frozen=True)
+class LoadedModel:
+    name: str
+    module: nn.Module
+    weights: str  # "random", a torchvision weights name, or the checkpoint's path
+    labels: tuple[str, ...]
+    transform: TransformConfig
+
+
+@dataclass(frozen=True)
+class _Preset:
+    transform: TransformConfig
+    categories: tuple[str, ...] | None
+
+
+def load_model(
+    name: str,
+    weights: str = "auto",
+    labels_path: Path | None = None,
+    image_size: int | None = None,
+    resize_size: int | None = None,
+) -> LoadedModel:
+    """Load ``name`` (a torchvision classification model, or ``package.module:factory``).
+
+    ``weights``: ``auto`` (pretrained when cached or downloadable, else random with a warning),
+    ``none``, a torchvision weights name such as ``IMAGENET1K_V2``, or a checkpoint path.
+    """
+    labels = read_labels(labels_path) if labels_path is not None else None
+    if ":" in name:
+        module, weights_used, preset = _load_factory(name, weights)
+    else:
+        module, weights_used, preset = _load_torchvision(name, weights, labels)
+    module.eval()
+    transform = _transform(preset.transform, image_size, resize_size)
+    outputs = _count_outputs(module, transform.crop_size, name)
+    final_labels = _labels(labels, preset.categories, outputs, labels_path)
+    return LoadedModel(name, module, weights_used, final_labels, transform)
+
+
+# -- torchvision models -------------------------------------------------------------------
+
+
+def classification_models() -> list[str]:
+    names: list[str] = list_models(module=torchvision.models)
+    return names
+
+
+def _load_torchvision(
+    name: str, weights: str, labels: tuple[str, ...] | None
+) -> tuple[nn.Module, str, _Preset]:
+    known = classification_models()
+    if name not in known:
+        close = difflib.get_close_matches(name, known, n=3)
+        hint = f"; did you mean {', '.join(close)}?" if close else ""
+        raise ModelLoadError(f"unknown torchvision classification model {name!r}{hint}")
+    enum = get_model_weights(name)
+    default = enum.DEFAULT
+    preset = _preset(default)
+    num_classes = len(labels) if labels is not None else None
+
+    choice = weights.strip()
+    if choice.lower() == "none":
+        return _random(name, num_classes), RANDOM, preset
+    if choice.lower() == "auto":
+        if num_classes is not None and num_classes != len(default.meta["categories"]):
+            raise ModelLoadError(
+                f"BATCHSERVE_LABELS has {num_classes} labels but the pretrained {name} has "
+                f"{len(default.meta['categories'])} classes; use WEIGHTS=none or a checkpoint"
+            )
+        try:
+            return get_model(name, weights=default), _weights_name(default), preset
+        except Exception as exc:
+            logger.warning(
+                "\n%s\nNO PRETRAINED WEIGHTS for %s: %s is not in the torch hub cache (%s) and "
+                "could not be downloaded (%s).\nServing RANDOM weights: predictions are "
+                "meaningless. Set BATCHSERVE_WEIGHTS to a checkpoint, or pre-fill the cache.\n%s",
+                "!" * 78,
+                name,
+                _weights_name(default),
+                _cache_path(default),
+                exc,
+                "!" * 78,
+            )
+            return _random(name, num_classes), RANDOM, preset
+    if choice in enum.__members__ or choice.upper() == "DEFAULT":
+        chosen = default if choice.upper() == "DEFAULT" else enum[choice]
+        try:
+            return get_model(name, weights=chosen), _weights_name(chosen), _preset(chosen)
+        except Exception as exc:
+            raise ModelLoadError(f"cannot load {_weights_name(chosen)}: {exc}") from exc
+    return _load_checkpoint(name, Path(choice), num_classes), choice, preset
+
+
+def _random(name: str, num_classes: int | None) -> nn.Module:
+    kwargs: dict[str, Any] = {} if num_classes is None else {"num_classes": num_classes}
+    module: nn.Module = get_model(name, weights=None, **kwargs)
+    return module
+
+
+def _load_checkpoint(name: str, path: Path, num_classes: int | None) -> nn.Module:
+    if not path.is_file():
+        raise ModelLoadError(
+            f"BATCHSERVE_WEIGHTS={path}: no such file (expected auto, none, a torchvision "
+            f"weights name, or the path of a state_dict)"
+        )
+    state = read_state_dict(path)
+    module = _random(name, num_classes)
+    load_into(module, state, path)
+    return module
+
+
+def read_state_dict(path: Path) -> dict[str, torch.Tensor]:
+    """A state_dict from ``path``: a bare one, or inside a checkpoint dict (``state_dict``...)."""
+    try:
+        obj = torch.load(path, map_location="cpu", weights_only=True)
+    except Exception as exc:
+        raise ModelLoadError(f"cannot read {path} as a PyTorch state_dict: {exc}") from exc
+    if isinstance(obj, Mapping):
+        for key in _CHECKPOINT_KEYS:
+            inner = obj.get(key)
+            if isinstance(inner, Mapping) and inner and _is_state_dict(inner):
+                obj = inner
+                break
+    if not isinstance(obj, Mapping) or not obj or not _is_state_dict(obj):
+        raise ModelLoadError(
+            f"{path} holds no state_dict (a mapping of parameter names to tensors, "
+            f"or a checkpoint dict with one under {', '.join(_CHECKPOINT_KEYS)})"
+        )
+    state = dict(obj)
+    for prefix in _WRAPPER_PREFIXES:  # DataParallel / torch.compile wrappers
+        if all(key.startswith(prefix) for key in state):
+            state = {key.removeprefix(prefix): value for key, value in state.items()}
+    return state
+
+
+def _is_state_dict(obj: Mapping[Any, Any]) -> bool:
+    return all(isinstance(k, str) and isinstance(v, torch.Tensor) for k, v in obj.items())
+
+
+def load_into(module: nn.Module, state: Mapping[str, torch.Tensor], source: Path) -> None:
+    """``load_state_dict(strict=True)``, with one readable message when it does not fit."""
+    expected = module.state_dict()
+    missing = sorted(set(expected) - set(state))
+    unexpected = sorted(set(state) - set(expected))
+    mismatched = [
+        f"{key}: checkpoint {tuple(state[key].shape)} vs model {tuple(value.shape)}"
+        for key, value in expected.items()
+        if key in state and state[key].shape != value.shape
+    ]
+    if missing or unexpected or mismatched:
+        parts = []
+        if mismatched:
+            parts.append("shape mismatch: " + "; ".join(mismatched[:5]))
+        if missing:
+            parts.append(f"{len(missing)} missing keys (e.g. {', '.join(missing[:3])})")
+        if unexpected:
+            parts.append(f"{len(unexpected)} unexpected keys (e.g. {', '.join(unexpected[:3])})")
+        hint = (
+            " — for a model fine-tuned to N classes, set BATCHSERVE_LABELS to a file of N labels"
+            if mismatched
+            else ""
+        )
+        raise ModelLoadError(f"{source} does not fit the model: {' | '.join(parts)}{hint}")
+    module.load_state_dict(state, strict=True)
+
+
+def _weights_name(weights: Any) -> str:
+    return f"{type(weights).__name__}.{weights.name}"
+
+
+def _cache_path(weights: Any) -> str:
+    filename = os.path.basename(urlparse(weights.url).path)
+    return os.path.join(torch.hub.get_dir(), "checkpoints", filename)
+
+
+def _preset(weights: Any) -> _Preset:
+    transform = weights.transforms()
+    categories = weights.meta.get("categories")
+
+    def first(value: Any) -> int:
+        return int(value[0] if isinstance(value, list | tuple) else value)
+
+    return _Preset(
+        TransformConfig(
+            crop_size=first(getattr(transform, "crop_size", 224)),
+            resize_size=first(getattr(transform, "resize_size", 256)),
+            mean=tuple(getattr(transform, "mean", TransformConfig.mean)),
+            std=tuple(getattr(transform, "std", TransformConfig.std)),
+            interpolation=getattr(transform, "interpolation", InterpolationMode.BILINEAR),
+        ),
+        tuple(categories) if categories else None,
+    )
+
+
+# -- custom models -----------------------------------------------------------------------
+
+
+def _load_factory(spec: str, weights: str) -> tuple[nn.Module, str, _Preset]:
+    """``package.module:callable`` returning an ``nn.Module`` (ImageNet transform defaults)."""
+    module_name, _, attr = spec.partition(":")
+    try:
+        factory = getattr(importlib.import_module(module_name), attr)
+    except (ImportError, AttributeError) as exc:
+        raise ModelLoadError(f"cannot import model factory {spec!r}: {exc}") from exc
+    module = factory()
+    if not isinstance(module, nn.Module):
+        raise ModelLoadError(f"{spec} returned {type(module).__name__}, not a torch.nn.Module")
+    choice = weights.strip()
+    if choice.lower() in ("auto", "none"):
+        return (
+            module,
+            RANDOM if choice.lower() == "none" else "factory",
+            _Preset(TransformConfig(), None),
+        )
+    path = Path(choice)
+    if not path.is_file():
+        raise ModelLoadError(f"BATCHSERVE_WEIGHTS={path}: no such file")
+    load_into(module, read_state_dict(path), path)
+    return module, choice, _Preset(TransformConfig(), None)
+
+
+# -- labels and transform ----------------------------------------------------------------
+
+
+def read_labels(path: Path) -> tuple[str, ...]:
+    """One label per line; surrounding whitespace and trailing blank lines are ignored."""
+    try:
+        lines = [line.strip() for line in path.read_text(encoding="utf-8").splitlines()]
+    except (OSError, UnicodeDecodeError) as exc:
+        raise ModelLoadError(f"cannot read labels from {path}: {exc}") from exc
+    while lines and not lines[-1]:
+        lines.pop()
+    if not lines:
+        raise ModelLoadError(f"{path} holds no labels")
+    return tuple(lines)
+
+
+def _labels(
+    given: tuple[str, ...] | None,
+    categories: tuple[str, ...] | None,
+    outputs: int,
+    path: Path | None,
+) -> tuple[str, ...]:
+    if given is not None:
+        if len(given) != outputs:
+            raise ModelLoadError(
+                f"{path} has {len(given)} labels but the model has {outputs} outputs"
+            )
+        return given
+    if categories is not None and len(categories) == outputs:
+        return categories
+    return tuple(str(index) for index in range(outputs))
+
+
+def _transform(
+    preset: TransformConfig, image_size: int | None, resize_size: int | None
+) -> TransformConfig:
+    crop = image_size or preset.crop_size
+    if resize_size is None:
+        # Keep the preset's resize/crop ratio (e.g. 232/224) when only the crop is changed.
+        resize_size = round(crop * preset.resize_size / preset.crop_size)
+    try:
+        return TransformConfig(crop, resize_size, preset.mean, preset.std, preset.interpolation)
+    except ValueError as exc:
+        raise ModelLoadError(str(exc)) from exc
+
+
+def _count_outputs(module: nn.Module, crop_size: int, name: str) -> int:
+    probe = torch.zeros(1, 3, crop_size, crop_size)
+    try:
+        with torch.inference_mode():
+            output = module(probe)
+    except Exception as exc:
+        raise ModelLoadError(f"{name} fails on a {crop_size}x{crop_size} input: {exc}") from exc
+    if not isinstance(output, torch.Tensor) or output.ndim != 2 or output.shape[0] != 1:
+        raise ModelLoadError(f"{name} must return logits of shape [batch, classes]")
+    return int(output.shape[1])

@@ -1,0 +1,96 @@
+"""The application factory and its lifespan: load, warm up, serve, drain."""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from collections.abc import AsyncIterator
+from concurrent.futures import ThreadPoolExecutor
+from contextlib import asynccontextmanager
+
+from fastapi import FastAPI
+from prometheus_fastapi_instrumentator import Instrumentator
+
+from app.engine import build_engine
+from app.errors import install_error_handlers
+from app.logs import configure_logging
+from app.metrics import Metrics
+from app.requestid import RequestIdMiddleware
+from app.routes import health, metrics, models, predict
+from app.settings import Settings, SettingsError, load_settings
+from app.state import ServerState
+from batching import DynamicBatcher, ExecutionTimeModel
+
+logger = logging.getLogger("batchserve")
+
+
+def create_app(settings: Settings | None = None) -> FastAPI:
+    """Build the app. Nothing heavy happens here: the model loads in the lifespan."""
+    if settings is None:
+        try:
+            settings = load_settings()
+        except SettingsError as exc:
+            raise SystemExit(f"batchserve: {exc}") from None
+    configure_logging(settings.log_level, settings.log_json)
+    server = ServerState(settings, Metrics())
+
+    app = FastAPI(
+        title="batchserve",
+        summary="Dynamic-batching inference for PyTorch vision models",
+        version="0.1.0",
+        lifespan=_lifespan(server),
+    )
+    app.state.server = server
+    install_error_handlers(app)
+    for router in (predict.router, health.router, models.router, metrics.router):
+        app.include_router(router)
+    Instrumentator(
+        registry=server.metrics.registry,
+        excluded_handlers=["/metrics", "/healthz", "/readyz"],
+    ).instrument(app)
+    app.add_middleware(RequestIdMiddleware)  # outermost: ids and start times for everything
+    return app
+
+
+def _lifespan(server: ServerState):  # type: ignore[no-untyped-def]
+    @asynccontextmanager
+    async def lifespan(app: FastAPI) -> AsyncIterator[None]:
+        settings, metrics = server.settings, server.metrics
+        config = settings.batch_config()
+        # Loading and warm-up take seconds: keep them off the event loop.
+        engine = await asyncio.to_thread(build_engine, settings, metrics)
+        warmup = await asyncio.to_thread(engine.warmup, config.batch_buckets)
+        timings = ExecutionTimeModel()
+        for size, seconds in warmup.items():
+            timings.observe(size, seconds)
+        batcher = DynamicBatcher(engine.run_batch, config, observer=metrics, timings=timings)
+        batcher.start()
+        metrics.track(lambda: batcher.queue_depth, lambda: batcher.inflight_batches)
+        metrics.model_info.labels(engine.name, str(engine.device), engine.precision).set(1)
+        decode_pool = ThreadPoolExecutor(settings.decode_threads, thread_name_prefix="decode")
+        server.engine, server.batcher, server.decode_pool = engine, batcher, decode_pool
+        server.ready = True
+        metrics.ready.set(1)
+        logger.info(
+            "serving %s (%s weights) on %s in %s; batches up to %d, window %.1f ms",
+            engine.name,
+            engine.weights,
+            engine.device,
+            engine.precision,
+            config.max_batch_size,
+            config.max_queue_delay_s * 1000,
+        )
+        try:
+            yield
+        finally:
+            server.ready = False
+            server.not_ready_reason = "the server is shutting down"
+            metrics.ready.set(0)
+            await batcher.aclose(settings.drain_timeout_s)
+            decode_pool.shutdown(wait=False, cancel_futures=True)
+            logger.info("stopped")
+
+    return lifespan
+
+
+app = create_app()

@@ -1,0 +1,151 @@
+"""Prometheus metrics: the batcher's, the pipeline stages', and the device's.
+
+Each app gets its own registry, so several apps (tests, a benchmark) can live in one process.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+
+from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
+from prometheus_client.process_collector import ProcessCollector
+
+from batching import BatchObserver
+from batching.observer import DropReason, RejectReason
+
+OUTCOMES = (
+    "ok",
+    "invalid",
+    "unauthorized",
+    "overloaded",
+    "not_ready",
+    "deadline_exceeded",
+    "cancelled",
+    "error",
+)
+STAGES = (
+    "parse",
+    "decode",
+    "queue",
+    "collate",
+    "h2d",
+    "forward",
+    "d2h",
+    "postprocess",
+    "serialize",
+)
+
+_SECONDS_BUCKETS = (
+    0.0001, 0.00025, 0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05,
+    0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0,
+)  # fmt: skip
+_BATCH_BUCKETS = (1, 2, 3, 4, 6, 8, 12, 16, 24, 32, 48, 64, 96, 128, 256, 512, 1024)
+
+
+class Metrics(BatchObserver):
+    """All of batchserve's own metrics, registered in ``registry``."""
+
+    def __init__(self, registry: CollectorRegistry | None = None) -> None:
+        self.registry = registry or CollectorRegistry(auto_describe=True)
+        ProcessCollector(registry=self.registry)
+        r = self.registry
+        self.queue_depth = Gauge(
+            "batchserve_queue_depth", "Requests waiting to be batched", registry=r
+        )
+        self.inflight_batches = Gauge(
+            "batchserve_inflight_batches", "Batches being prepared or executed", registry=r
+        )
+        self.batch_size = Histogram(
+            "batchserve_batch_size",
+            "Requests per executed batch",
+            buckets=_BATCH_BUCKETS,
+            registry=r,
+        )
+        self.queue_wait = Histogram(
+            "batchserve_queue_wait_seconds",
+            "Submit to dispatch (or to drop), per request",
+            buckets=_SECONDS_BUCKETS,
+            registry=r,
+        )
+        self.stage = Histogram(
+            "batchserve_stage_seconds",
+            "Time per pipeline stage (per batch for collate..postprocess, else per request)",
+            ["stage"],
+            buckets=_SECONDS_BUCKETS,
+            registry=r,
+        )
+        self.requests = Counter(
+            "batchserve_requests", "Prediction requests by outcome", ["outcome"], registry=r
+        )
+        self.rejected = Counter(
+            "batchserve_rejected_requests",
+            "Requests refused by the batcher at once, by reason",
+            ["reason"],
+            registry=r,
+        )
+        self.dropped = Counter(
+            "batchserve_dropped_requests",
+            "Requests that left the queue undispatched, by reason",
+            ["reason"],
+            registry=r,
+        )
+        self.expired_in_flight = Counter(
+            "batchserve_expired_in_flight",
+            "Requests whose deadline passed while their batch ran (result discarded)",
+            registry=r,
+        )
+        self.batches = Counter(
+            "batchserve_batches", "Executed batches by result", ["result"], registry=r
+        )
+        self.device_busy = Counter(
+            "batchserve_device_busy_seconds",
+            "Time the device spent executing batches (its rate is the utilisation)",
+            registry=r,
+        )
+        self.model_info = Gauge(
+            "batchserve_model_info",
+            "The served model (always 1)",
+            ["model", "device", "precision"],
+            registry=r,
+        )
+        self.ready = Gauge("batchserve_ready", "1 while /readyz answers 200", registry=r)
+        for outcome in OUTCOMES:
+            self.requests.labels(outcome)
+        for stage in STAGES:
+            self.stage.labels(stage)
+        for result in ("ok", "error"):
+            self.batches.labels(result)
+        self._stage_children = {stage: self.stage.labels(stage) for stage in STAGES}
+        self._request_children = {outcome: self.requests.labels(outcome) for outcome in OUTCOMES}
+
+    def track(self, queue_depth: Callable[[], float], inflight: Callable[[], float]) -> None:
+        """Read the batcher's gauges at scrape time rather than on every request."""
+        self.queue_depth.set_function(queue_depth)
+        self.inflight_batches.set_function(inflight)
+
+    def observe_stage(self, stage: str, seconds: float) -> None:
+        self._stage_children[stage].observe(seconds)
+
+    def count_request(self, outcome: str) -> None:
+        self._request_children[outcome].inc()
+
+    # -- BatchObserver -------------------------------------------------------------------
+
+    def on_reject(self, reason: RejectReason) -> None:
+        self.rejected.labels(reason).inc()
+
+    def on_drop(self, reason: DropReason, queue_wait_s: float) -> None:
+        self.dropped.labels(reason).inc()
+        self.queue_wait.observe(queue_wait_s)
+
+    def on_dispatch(self, batch_size: int, queue_waits_s: Sequence[float]) -> None:
+        self.batch_size.observe(batch_size)
+        observe = self.queue_wait.observe
+        for wait in queue_waits_s:
+            observe(wait)
+
+    def on_complete(self, batch_size: int, duration_s: float, error: BaseException | None) -> None:
+        self.batches.labels("ok" if error is None else "error").inc()
+
+    def on_expired_in_flight(self) -> None:
+        self.expired_in_flight.inc()

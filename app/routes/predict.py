@@ -1,0 +1,193 @@
+"""``POST /predict``: one image in, its top-k classes out."""
+
+from __future__ import annotations
+
+import asyncio
+import math
+import time
+from typing import Annotated, Any
+
+import orjson
+from fastapi import APIRouter, Query, Request
+from starlette.responses import Response
+from starlette.types import Receive
+
+from app.auth import require_api_key
+from app.body import read_image
+from app.engine import InferenceRequest, Prediction
+from app.errors import (
+    InvalidParameterError,
+    describe,
+    error_response,
+    log_unexpected,
+)
+from app.requestid import request_id_of, request_start_of
+from app.schemas import ErrorBody, PredictResponse
+from app.state import ServerState, server_state
+from batching import DynamicBatcher, QueueFullError
+
+router = APIRouter()
+
+TIMEOUT_HEADER = "x-request-timeout-ms"
+# No status is ever delivered to a client that hung up; 499 is what nginx logs for it.
+CLIENT_CLOSED = 499
+
+_ERRORS: dict[int | str, dict[str, Any]] = {
+    status: {"model": ErrorBody, "description": description}
+    for status, description in (
+        (400, "invalid_image: the body is not a decodable image"),
+        (401, "unauthorized: missing or wrong API key"),
+        (413, "too_large: too many bytes or pixels"),
+        (415, "unsupported_media_type: content type or image format not accepted"),
+        (422, "invalid_parameter: bad top_k, timeout header, or multipart without 'file'"),
+        (503, "overloaded (queue full, with Retry-After) or not_ready"),
+        (504, "deadline_exceeded: no result before the request's deadline"),
+    )
+}
+
+
+class ClientDisconnected(Exception):
+    """The client hung up while its request was waiting."""
+
+
+@router.post(
+    "/predict",
+    response_model=PredictResponse,
+    responses=_ERRORS,
+    summary="Classify one image",
+    openapi_extra={
+        "requestBody": {
+            "required": True,
+            "content": {
+                "image/jpeg": {"schema": {"type": "string", "format": "binary"}},
+                "image/png": {"schema": {"type": "string", "format": "binary"}},
+                "image/webp": {"schema": {"type": "string", "format": "binary"}},
+                "multipart/form-data": {
+                    "schema": {
+                        "type": "object",
+                        "properties": {"file": {"type": "string", "format": "binary"}},
+                        "required": ["file"],
+                    }
+                },
+            },
+        }
+    },
+)
+async def predict(
+    request: Request,
+    top_k: Annotated[int | None, Query(ge=1, description="classes to return")] = None,
+) -> Response:
+    """Send the image as the raw body (``Content-Type: image/*``) or as multipart field ``file``.
+
+    ``X-Request-Timeout-Ms`` sets this request's deadline (default: the server's).
+    """
+    server = server_state(request)
+    try:
+        response = await _predict(server, request, top_k)
+    except ClientDisconnected:
+        server.metrics.count_request("cancelled")
+        return Response(status_code=CLIENT_CLOSED)
+    except asyncio.CancelledError:
+        server.metrics.count_request("cancelled")
+        raise
+    except Exception as exc:
+        info = describe(exc)
+        if info.code == "internal_error":
+            log_unexpected(exc, request_id_of(request.scope))
+        server.metrics.count_request(info.outcome)
+        return error_response(info)
+    server.metrics.count_request("ok")
+    return response
+
+
+async def _predict(server: ServerState, request: Request, top_k: int | None) -> Response:
+    require_api_key(request)
+    engine, batcher, decode_pool = server.require_ready()
+    settings = server.settings
+    arrived = request_start_of(request.scope)
+    k = settings.top_k if top_k is None else top_k
+    if k > engine.num_classes:
+        raise InvalidParameterError(f"top_k must be at most {engine.num_classes}")
+    timeout_s = _timeout(request, settings.request_timeout_s)
+    # The deadline counts from the request's arrival, on the batcher's clock.
+    deadline = batcher.now() + timeout_s - (time.perf_counter() - arrived)
+
+    # MAX_QUEUE_SIZE bounds every admitted request not yet dispatched (reading, decoding or
+    # queued), so memory stays bounded; refuse before reading the body when it is reached.
+    if batcher.queue_depth + server.preparing >= batcher.config.max_queue_size:
+        server.metrics.on_reject("overloaded")
+        raise QueueFullError(batcher.config.max_queue_size, batcher.retry_after_s())
+    server.preparing += 1
+    try:
+        parse_started = time.perf_counter()
+        data = await read_image(request, settings.max_image_bytes)
+        parsed = time.perf_counter()
+        loop = asyncio.get_running_loop()
+        image = await loop.run_in_executor(decode_pool, engine.prepare, data)
+        del data
+    finally:
+        server.preparing -= 1
+    server.metrics.observe_stage("parse", parsed - parse_started)
+    server.metrics.observe_stage("decode", image.decode_s)
+
+    submitted = time.perf_counter()
+    prediction = await _submit(batcher, InferenceRequest(image, k), deadline, request.receive)
+    finished = time.perf_counter()
+    body = orjson.dumps({"model": engine.name, "predictions": prediction.classes})
+    serialized = time.perf_counter()
+    queue_s = max(0.0, prediction.started - submitted)
+    server.metrics.observe_stage("queue", queue_s)
+    server.metrics.observe_stage("serialize", serialized - finished)
+    timing = {
+        "parse": parsed - parse_started,
+        "decode": image.decode_s,
+        "queue": queue_s,
+        **prediction.timings,
+        "serialize": serialized - finished,
+        "total": serialized - arrived,
+    }
+    headers = {
+        "Server-Timing": ", ".join(
+            f"{name};dur={value * 1000:.3f}" for name, value in timing.items()
+        ),
+        "X-Batch-Size": str(prediction.batch_size),
+    }
+    return Response(body, media_type="application/json", headers=headers)
+
+
+def _timeout(request: Request, default_s: float) -> float:
+    raw = request.headers.get(TIMEOUT_HEADER)
+    if raw is None:
+        return default_s
+    try:
+        value = float(raw)
+    except ValueError:
+        value = math.nan
+    if not math.isfinite(value) or value <= 0:
+        raise InvalidParameterError("X-Request-Timeout-Ms must be a positive number of ms")
+    return value / 1000
+
+
+async def _submit(
+    batcher: DynamicBatcher[InferenceRequest, Prediction],
+    item: InferenceRequest,
+    deadline: float,
+    receive: Receive,
+) -> Prediction:
+    """Wait for the result, or withdraw the request as soon as the client hangs up."""
+    submit = asyncio.ensure_future(batcher.submit(item, deadline))
+    disconnect = asyncio.ensure_future(_disconnected(receive))
+    try:
+        await asyncio.wait((submit, disconnect), return_when=asyncio.FIRST_COMPLETED)
+    finally:
+        if not submit.done():
+            submit.cancel()  # removes it from the queue if it is still there
+        disconnect.cancel()
+    if submit.cancelled():
+        raise ClientDisconnected
+    return submit.result()
+
+
+async def _disconnected(receive: Receive) -> None:
+    while (await receive())["type"] != "http.disconnect":
+        pass

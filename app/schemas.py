@@ -1,0 +1,60 @@
+"""Response shapes, for the OpenAPI document (responses are rendered by orjson)."""
+
+from __future__ import annotations
+
+from pydantic import BaseModel
+
+
+class ClassScore(BaseModel):
+    index: int
+    label: str
+    score: float
+
+
+class PredictResponse(BaseModel):
+    model: str
+    predictions: list[ClassScore]
+
+
+class ErrorDetail(BaseModel):
+    code: str
+    message: str
+
+
+class ErrorBody(BaseModel):
+    error: ErrorDetail
+
+
+class Status(BaseModel):
+    status: str
+    reason: str | None = None
+
+
+class BatchingInfo(BaseModel):
+    max_batch_size: int
+    max_queue_delay_ms: float
+    preferred_batch_sizes: list[int]
+    max_queue_size: int
+    max_inflight_batches: int
+    latency_slo_ms: float | None
+    dispatch_when_idle: bool
+    request_timeout_ms: float
+
+
+class ModelInfo(BaseModel):
+    name: str
+    weights: str
+    device: str
+    precision: str
+    input_shape: list[int]
+    resize_size: int
+    num_classes: int
+    mean: list[float]
+    std: list[float]
+    interpolation: str
+    batching: BatchingInfo
+    warmup_ms: dict[int, float]
+
+
+class ModelList(BaseModel):
+    models: list[ModelInfo]

@@ -1,0 +1,160 @@
+"""Settings from ``BATCHSERVE_*`` environment variables and ``.env``, validated at startup."""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+from typing import Annotated, Any, Literal
+
+from pydantic import Field, SecretStr, ValidationError, field_validator, model_validator
+from pydantic_settings import BaseSettings, NoDecode, SettingsConfigDict
+
+from batching import BatchConfig, parse_sizes
+
+ENV_PREFIX = "BATCHSERVE_"
+
+Precision = Literal["auto", "fp32", "fp16", "bf16"]
+DecodeDevice = Literal["auto", "cpu", "cuda"]
+LogLevel = Literal["critical", "error", "warning", "info", "debug"]
+
+
+class SettingsError(ValueError):
+    """Invalid settings, with one readable line per problem, named by environment variable."""
+
+
+class Settings(BaseSettings):
+    """Every knob of the server. Field ``x`` is read from ``BATCHSERVE_X``."""
+
+    model_config = SettingsConfigDict(
+        env_prefix=ENV_PREFIX, env_file=".env", extra="ignore", frozen=True
+    )
+
+    # The model
+    model: str = Field("resnet50", min_length=1)
+    weights: str = "auto"
+    labels: Path | None = None
+    device: str = "auto"
+    precision: Precision = "auto"
+    decode_device: DecodeDevice = "auto"
+    image_size: int | None = Field(None, ge=8, le=4096)
+    resize_size: int | None = Field(None, ge=8, le=8192)
+    cuda_graphs: bool = False
+
+    # Batching
+    max_batch_size: int = Field(32, ge=1, le=4096)
+    max_queue_delay_ms: float | None = Field(None, ge=0, le=60_000)
+    preferred_batch_sizes: Annotated[tuple[int, ...], NoDecode] = ()
+    max_queue_size: int = Field(1024, ge=1)
+    max_inflight_batches: int = Field(2, ge=1, le=16)
+    latency_slo_ms: float | None = Field(None, gt=0)
+    dispatch_when_idle: bool = True
+    request_timeout_ms: float = Field(30_000, gt=0)
+    drain_timeout_s: float = Field(30.0, ge=0)
+
+    # Requests
+    max_image_bytes: int = Field(20 * 1024 * 1024, ge=1024)
+    max_image_pixels: int = Field(40_000_000, ge=1)
+    top_k: int = Field(5, ge=1)
+    decode_workers: int | None = Field(None, ge=1, le=256)
+
+    # Operations
+    api_key: SecretStr | None = None
+    protect_metrics: bool = False
+    log_level: LogLevel = "info"
+    log_json: bool = False
+
+    @field_validator("preferred_batch_sizes", mode="before")
+    @classmethod
+    def _split_sizes(cls, value: Any) -> Any:
+        if value is None or value == "":
+            return ()
+        try:
+            return parse_sizes(value)
+        except (TypeError, ValueError) as exc:
+            raise ValueError("must be a comma-separated list of integers, e.g. 8,16") from exc
+
+    @field_validator("log_level", mode="before")
+    @classmethod
+    def _lower(cls, value: Any) -> Any:
+        return value.lower() if isinstance(value, str) else value
+
+    @field_validator("labels")
+    @classmethod
+    def _labels_exist(cls, value: Path | None) -> Path | None:
+        if value is not None and not value.is_file():
+            raise ValueError(f"no labels file at {value}")
+        return value
+
+    @field_validator("device")
+    @classmethod
+    def _device_name(cls, value: str) -> str:
+        value = value.strip().lower()
+        if value in ("auto", "cpu", "cuda") or (value.startswith("cuda:") and value[5:].isdigit()):
+            return value
+        raise ValueError("must be auto, cpu, cuda or cuda:N")
+
+    @model_validator(mode="after")
+    def _consistent(self) -> Settings:
+        for size in self.preferred_batch_sizes:
+            if not 1 <= size <= self.max_batch_size:
+                raise ValueError(
+                    f"PREFERRED_BATCH_SIZES: {size} is not between 1 and MAX_BATCH_SIZE "
+                    f"({self.max_batch_size})"
+                )
+        if (
+            self.image_size is not None
+            and self.resize_size is not None
+            and self.image_size > self.resize_size
+        ):
+            raise ValueError(
+                f"IMAGE_SIZE ({self.image_size}) cannot exceed RESIZE_SIZE ({self.resize_size})"
+            )
+        return self
+
+    @property
+    def queue_delay_s(self) -> float:
+        """The window: explicit, else 15% of the latency SLO, else 2 ms."""
+        if self.max_queue_delay_ms is not None:
+            return self.max_queue_delay_ms / 1000
+        if self.latency_slo_ms is not None:
+            return 0.15 * self.latency_slo_ms / 1000
+        return 0.002
+
+    @property
+    def request_timeout_s(self) -> float:
+        return self.request_timeout_ms / 1000
+
+    @property
+    def decode_threads(self) -> int:
+        return self.decode_workers or os.cpu_count() or 1
+
+    def batch_config(self) -> BatchConfig:
+        return BatchConfig(
+            max_batch_size=self.max_batch_size,
+            max_queue_delay_s=self.queue_delay_s,
+            preferred_batch_sizes=self.preferred_batch_sizes,
+            max_queue_size=self.max_queue_size,
+            max_inflight_batches=self.max_inflight_batches,
+            latency_slo_s=None if self.latency_slo_ms is None else self.latency_slo_ms / 1000,
+            dispatch_when_idle=self.dispatch_when_idle,
+        )
+
+
+def load_settings(**overrides: Any) -> Settings:
+    """Build settings from the environment (and ``overrides``), or raise ``SettingsError``."""
+    try:
+        return Settings(**overrides)
+    except ValidationError as exc:
+        raise SettingsError(describe_errors(exc)) from None
+
+
+def describe_errors(exc: ValidationError) -> str:
+    lines = ["invalid settings:"]
+    for error in exc.errors(include_url=False):
+        field = ".".join(str(part) for part in error["loc"])
+        name = f"{ENV_PREFIX}{field.upper()}" if field else "settings"
+        message = error["msg"].removeprefix("Value error, ")
+        value = error.get("input")
+        shown = "" if field == "" or isinstance(value, dict) else f" (got {value!r})"
+        lines.append(f"  {name}: {message}{shown}")
+    return "\n".join(lines)

@@ -1,0 +1,345 @@
+"""An asyncio dynamic batcher: many concurrent ``submit`` calls, few batched ``run_batch`` calls."""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import math
+from collections import deque
+from collections.abc import Callable, Sequence
+from concurrent.futures import ThreadPoolExecutor
+from functools import partial
+from typing import Generic, TypeVar
+
+from batching.clock import Cancellable, Clock, LoopClock
+from batching.config import BatchConfig
+from batching.errors import BatcherClosedError, DeadlineExceededError, QueueFullError
+from batching.observer import BatchObserver
+from batching.policy import decide
+from batching.timing import ExecutionTimeModel
+
+T = TypeVar("T")
+R = TypeVar("R")
+
+RunBatch = Callable[[list[T]], Sequence["R | BaseException"]]
+
+logger = logging.getLogger("batching")
+
+_NEVER = math.inf
+
+
+class _Request(Generic[T, R]):
+    __slots__ = ("arrival", "deadline", "future", "item", "queued", "timer")
+
+    def __init__(
+        self, item: T, future: asyncio.Future[R], arrival: float, deadline: float | None
+    ) -> None:
+        self.item = item
+        self.future = future
+        self.arrival = arrival
+        self.deadline = deadline
+        self.queued = True
+        self.timer: Cancellable | None = None
+
+
+class DynamicBatcher(Generic[T, R]):
+    """Groups concurrent requests into batches for a synchronous ``run_batch``.
+
+    ``run_batch(items)`` runs in a worker thread (at most ``max_inflight_batches`` at once) and
+    returns one result or one exception per item, in order; an exception raised by
+    ``run_batch`` itself fails that batch only. Every ``submit`` ends with a result or an error.
+    """
+
+    def __init__(
+        self,
+        run_batch: RunBatch[T, R],
+        config: BatchConfig | None = None,
+        observer: BatchObserver | None = None,
+        *,
+        clock: Clock | None = None,
+        timings: ExecutionTimeModel | None = None,
+    ) -> None:
+        self.config = config or BatchConfig()
+        self.timings = timings or ExecutionTimeModel()
+        self._run_batch = run_batch
+        self._observer = observer or BatchObserver()
+        self._clock = clock or LoopClock()
+        self._queue: deque[_Request[T, R]] = deque()
+        self._waiting = 0  # live requests in the queue (cancelled ones are removed lazily)
+        self._inflight = 0
+        self._executions: set[asyncio.Task[None]] = set()
+        self._wake = asyncio.Event()
+        self._wake_count = _NEVER
+        self._loop_task: asyncio.Task[None] | None = None
+        self._executor: ThreadPoolExecutor | None = None
+        self._closing = False
+        self._closed = asyncio.Event()
+        self._failure: BaseException | None = None
+
+    # -- state ---------------------------------------------------------------------------
+
+    @property
+    def queue_depth(self) -> int:
+        """Requests waiting to be dispatched."""
+        return self._waiting
+
+    @property
+    def inflight_batches(self) -> int:
+        return self._inflight
+
+    @property
+    def accepting(self) -> bool:
+        """True while ``submit`` takes new work: started, not draining, loop alive."""
+        return self._loop_task is not None and not self._closing and self._failure is None
+
+    def now(self) -> float:
+        """The batcher's clock, the time base of ``submit``'s ``deadline``."""
+        return self._clock.now()
+
+    # -- lifecycle -----------------------------------------------------------------------
+
+    def start(self) -> None:
+        """Start the batching loop on the running event loop."""
+        if self._loop_task is not None:
+            raise RuntimeError("the batcher is already started")
+        self._executor = ThreadPoolExecutor(
+            max_workers=self.config.max_inflight_batches, thread_name_prefix="run-batch"
+        )
+        self._loop_task = asyncio.get_running_loop().create_task(self._run(), name="batcher")
+
+    async def aclose(self, drain_timeout: float | None = None) -> None:
+        """Stop taking work, finish what was accepted (up to ``drain_timeout`` s), then stop.
+
+        What is still unfinished at the timeout fails with ``BatcherClosedError``. Idempotent:
+        later or concurrent calls wait for the first to finish.
+        """
+        if self._closing:
+            await self._closed.wait()
+            return
+        self._closing = True
+        self._wake.set()
+        try:
+            if self._loop_task is not None:
+                await asyncio.wait_for(self._drained(), drain_timeout)
+        except TimeoutError:
+            logger.warning("drain timed out after %ss; failing unfinished requests", drain_timeout)
+        finally:
+            await self._abort(BatcherClosedError("the server is shutting down"))
+            self._closed.set()
+
+    async def _drained(self) -> None:
+        assert self._loop_task is not None
+        await asyncio.shield(self._loop_task)
+        while self._executions:
+            await asyncio.wait(set(self._executions))
+
+    async def _abort(self, error: BaseException) -> None:
+        if self._loop_task is not None and not self._loop_task.done():
+            self._loop_task.cancel()
+            await asyncio.gather(self._loop_task, return_exceptions=True)
+        self._fail_queued(error)
+        executions = set(self._executions)
+        for task in executions:
+            task.cancel()
+        if executions:
+            await asyncio.gather(*executions, return_exceptions=True)
+        if self._executor is not None:
+            # A batch still running in a thread finishes there; nobody waits for it.
+            self._executor.shutdown(wait=False, cancel_futures=True)
+
+    # -- submitting ----------------------------------------------------------------------
+
+    async def submit(self, item: T, deadline: float | None = None) -> R:
+        """Queue ``item`` and wait for its result.
+
+        ``deadline`` is absolute, on ``now()``'s clock. Raises ``QueueFullError`` at once when
+        the queue is full, ``DeadlineExceededError`` when the deadline passes first,
+        ``BatcherClosedError`` when draining or closed, or what ``run_batch`` gave this item.
+        Cancelling the caller removes a queued request before dispatch.
+        """
+        if not self.accepting:
+            self._observer.on_reject("closed")
+            raise BatcherClosedError(self._closed_reason())
+        if self._waiting >= self.config.max_queue_size:
+            self._observer.on_reject("overloaded")
+            raise QueueFullError(self.config.max_queue_size, self.retry_after_s())
+        now = self._clock.now()
+        if deadline is not None and deadline <= now:
+            self._observer.on_drop("deadline_exceeded", 0.0)
+            raise DeadlineExceededError(dispatched=False)
+
+        future: asyncio.Future[R] = asyncio.get_running_loop().create_future()
+        request = _Request(item, future, now, deadline)
+        if deadline is not None:
+            request.timer = self._clock.call_at(deadline, partial(self._expire, request))
+        self._queue.append(request)
+        self._waiting += 1
+        if self._waiting >= self._wake_count:
+            self._wake.set()
+        try:
+            return await future
+        except asyncio.CancelledError:
+            if request.queued:
+                self._dequeue(request)
+                self._observer.on_drop("cancelled", self._clock.now() - request.arrival)
+            if request.timer is not None:
+                request.timer.cancel()
+            raise
+
+    def _closed_reason(self) -> str:
+        if self._failure is not None:
+            return "the batching loop failed"
+        if self._loop_task is None:
+            return "the batcher is not started"
+        return "the server is shutting down"
+
+    def retry_after_s(self) -> float:
+        """A guess at how long the current queue takes to clear (at least 1 s)."""
+        cap = self.config.max_batch_size
+        per_batch = self.timings.estimate(cap) or 1.0
+        batches = math.ceil(self._waiting / cap) / self.config.max_inflight_batches
+        return max(1.0, batches * per_batch)
+
+    def _dequeue(self, request: _Request[T, R]) -> None:
+        request.queued = False
+        self._waiting -= 1
+
+    def _expire(self, request: _Request[T, R]) -> None:
+        if request.future.done():
+            return
+        dispatched = not request.queued
+        if request.queued:
+            self._dequeue(request)
+            self._observer.on_drop("deadline_exceeded", self._clock.now() - request.arrival)
+        else:
+            self._observer.on_expired_in_flight()
+        request.future.set_exception(DeadlineExceededError(dispatched=dispatched))
+
+    def _fail_queued(self, error: BaseException) -> None:
+        while self._queue:
+            request = self._queue.popleft()
+            if request.queued:
+                self._dequeue(request)
+                self._settle(request, error)
+
+    # -- the batching loop ---------------------------------------------------------------
+
+    async def _run(self) -> None:
+        try:
+            await self._form_batches()
+        except asyncio.CancelledError:
+            raise
+        except BaseException as exc:
+            logger.exception("the batching loop crashed; failing waiting requests")
+            self._failure = exc
+            self._fail_queued(BatcherClosedError("the batching loop failed"))
+
+    async def _form_batches(self) -> None:
+        config = self.config
+        while True:
+            head = self._head()
+            if head is None:
+                if self._closing:
+                    return
+                await self._sleep(None, wake_count=1)
+                continue
+            if self._inflight >= config.max_inflight_batches:
+                await self._sleep(None, wake_count=_NEVER)  # a finishing batch wakes us
+                continue
+            now = self._clock.now()
+            decision = decide(
+                config,
+                now=now,
+                waiting=self._waiting,
+                oldest_arrival=head.arrival,
+                inflight=self._inflight,
+                closing=self._closing,
+                estimate=self.timings.estimate,
+            )
+            if decision.size == 0:
+                await self._sleep(decision.wake_at, decision.wake_count)
+                continue
+            batch = self._take(decision.size, now)
+            if batch:
+                self._launch(batch, now)
+
+    def _head(self) -> _Request[T, R] | None:
+        queue = self._queue
+        while queue and not queue[0].queued:
+            queue.popleft()
+        return queue[0] if queue else None
+
+    async def _sleep(self, wake_at: float | None, wake_count: float) -> None:
+        self._wake.clear()
+        self._wake_count = wake_count
+        timer = self._clock.call_at(wake_at, self._wake.set) if wake_at is not None else None
+        try:
+            await self._wake.wait()
+        finally:
+            self._wake_count = _NEVER
+            if timer is not None:
+                timer.cancel()
+
+    def _take(self, size: int, now: float) -> list[_Request[T, R]]:
+        batch: list[_Request[T, R]] = []
+        queue = self._queue
+        while queue and len(batch) < size:
+            request = queue.popleft()
+            if not request.queued:
+                continue
+            if request.deadline is not None and request.deadline <= now:
+                self._expire(request)  # its timer has not fired yet; same outcome
+                continue
+            self._dequeue(request)
+            batch.append(request)
+        return batch
+
+    def _launch(self, batch: list[_Request[T, R]], now: float) -> None:
+        self._inflight += 1
+        self._observer.on_dispatch(len(batch), [now - request.arrival for request in batch])
+        task = asyncio.get_running_loop().create_task(self._execute(batch))
+        self._executions.add(task)
+        task.add_done_callback(self._executions.discard)
+
+    async def _execute(self, batch: list[_Request[T, R]]) -> None:
+        assert self._executor is not None
+        started = self._clock.now()
+        error: BaseException | None = None
+        try:
+            items = [request.item for request in batch]
+            results = await asyncio.get_running_loop().run_in_executor(
+                self._executor, self._run_batch, items
+            )
+            if len(results) != len(batch):
+                raise RuntimeError(
+                    f"run_batch returned {len(results)} results for {len(batch)} items"
+                )
+        except asyncio.CancelledError:
+            for request in batch:
+                self._settle(request, BatcherClosedError("the server is shutting down"))
+            raise
+        except Exception as exc:
+            error = exc
+            for request in batch:
+                self._settle(request, exc)
+        else:
+            for request, result in zip(batch, results, strict=True):
+                self._settle(request, result)
+        finally:
+            self._inflight -= 1
+            self._wake.set()
+        duration = self._clock.now() - started
+        if error is None:
+            self.timings.observe(len(batch), duration)
+        self._observer.on_complete(len(batch), duration, error)
+
+    @staticmethod
+    def _settle(request: _Request[T, R], outcome: R | BaseException) -> None:
+        if request.timer is not None:
+            request.timer.cancel()
+        if request.future.done():
+            return  # cancelled, or failed by its deadline: the result is discarded
+        if isinstance(outcome, BaseException):
+            request.future.set_exception(outcome)
+        else:
+            request.future.set_result(outcome)

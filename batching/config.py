@@ -1,0 +1,65 @@
+"""Batch formation settings."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+
+
+@dataclass(frozen=True)
+class BatchConfig:
+    """How requests are grouped into batches.
+
+    ``max_queue_delay_s`` is the window, counted from the arrival of a batch's first request.
+    ``preferred_batch_sizes`` dispatch at once when enough requests wait for one of them.
+    ``latency_slo_s`` dispatches early when waiting longer would make the oldest request's
+    latency (queue wait plus the learned execution time) exceed it.
+    ``dispatch_when_idle`` sends a request at once when no batch is in flight: an idle device
+    gains nothing from waiting, so a lone request never pays the window.
+    """
+
+    max_batch_size: int = 32
+    max_queue_delay_s: float = 0.002
+    preferred_batch_sizes: tuple[int, ...] = field(default_factory=tuple)
+    max_queue_size: int = 1024
+    max_inflight_batches: int = 2
+    latency_slo_s: float | None = None
+    dispatch_when_idle: bool = True
+
+    def __post_init__(self) -> None:
+        if self.max_batch_size < 1:
+            raise ValueError("max_batch_size must be >= 1")
+        if self.max_queue_delay_s < 0:
+            raise ValueError("max_queue_delay_s must be >= 0")
+        if self.max_queue_size < 1:
+            raise ValueError("max_queue_size must be >= 1")
+        if self.max_inflight_batches < 1:
+            raise ValueError("max_inflight_batches must be >= 1")
+        if self.latency_slo_s is not None and self.latency_slo_s <= 0:
+            raise ValueError("latency_slo_s must be > 0")
+        sizes = tuple(sorted(set(self.preferred_batch_sizes)))
+        for size in sizes:
+            if not 1 <= size <= self.max_batch_size:
+                raise ValueError(
+                    f"preferred batch size {size} must be between 1 and max_batch_size "
+                    f"({self.max_batch_size})"
+                )
+        object.__setattr__(self, "preferred_batch_sizes", sizes)
+
+    @property
+    def batch_buckets(self) -> tuple[int, ...]:
+        """The batch sizes worth preparing for: preferred sizes, powers of two, the cap."""
+        sizes = set(self.preferred_batch_sizes)
+        size = 1
+        while size < self.max_batch_size:
+            sizes.add(size)
+            size *= 2
+        sizes.add(self.max_batch_size)
+        return tuple(sorted(sizes))
+
+
+def parse_sizes(value: str | Sequence[int]) -> tuple[int, ...]:
+    """``"8, 16"`` or ``[8, 16]`` -> ``(8, 16)``."""
+    if isinstance(value, str):
+        return tuple(int(part) for part in value.replace(" ", "").split(",") if part)
+    return tuple(int(part) for part in value)

@@ -1,0 +1,41 @@
+"""Bytes to model input: format sniffing, header checks, decoding, resize/crop/normalize."""
+
+from __future__ import annotations
+
+from preprocessing.decode import decode_cpu, to_rgb
+from preprocessing.errors import (
+    ImageTooLargeError,
+    InvalidImageError,
+    PreprocessingError,
+    UnsupportedFormatError,
+)
+from preprocessing.formats import (
+    Buffer,
+    ImageFormat,
+    ImageHeader,
+    ImageLimits,
+    read_header,
+    sniff,
+)
+from preprocessing.prepare import PreparedImage, prepare
+from preprocessing.transforms import TransformConfig, normalize_into, resize_crop
+
+__all__ = [
+    "Buffer",
+    "ImageFormat",
+    "ImageHeader",
+    "ImageLimits",
+    "ImageTooLargeError",
+    "InvalidImageError",
+    "PreparedImage",
+    "PreprocessingError",
+    "TransformConfig",
+    "UnsupportedFormatError",
+    "decode_cpu",
+    "normalize_into",
+    "prepare",
+    "read_header",
+    "resize_crop",
+    "sniff",
+    "to_rgb",
+]

@@ -1,0 +1,55 @@
+"""Small deterministic models for tests: no downloads, outputs that really depend on the input."""
+
+from __future__ import annotations
+
+import torch
+from torch import nn
+
+NUM_COLOR_CLASSES = 12
+
+
+class ColorClassifier(nn.Module):
+    """Classifies an image by its mean colour and brightness pattern.
+
+    Global average pooling of the normalized input over a 2x2 grid gives 12 numbers; a fixed,
+    well-conditioned linear map turns them into 12 logits. Different images get clearly
+    different scores, so a result delivered to the wrong request is easy to spot.
+    """
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.pool = nn.AdaptiveAvgPool2d(2)
+        self.head = nn.Linear(12, NUM_COLOR_CLASSES)
+        generator = torch.Generator().manual_seed(1234)
+        with torch.no_grad():
+            self.head.weight.copy_(torch.randn(NUM_COLOR_CLASSES, 12, generator=generator) * 2)
+            self.head.bias.zero_()
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        logits: torch.Tensor = self.head(torch.flatten(self.pool(x), 1))
+        return logits
+
+
+def color_classifier() -> nn.Module:
+    return ColorClassifier()
+
+
+class Exploding(nn.Module):
+    """Raises on demand: ``Exploding.fail_next`` batches fail, then it behaves like its base."""
+
+    fail_next = 0
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.base = ColorClassifier()
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        if Exploding.fail_next > 0:
+            Exploding.fail_next -= 1
+            raise RuntimeError("injected failure")
+        logits: torch.Tensor = self.base(x)
+        return logits
+
+
+def exploding() -> nn.Module:
+    return Exploding()
