@@ -11,6 +11,7 @@ from contextlib import asynccontextmanager
 from fastapi import FastAPI
 from prometheus_fastapi_instrumentator import Instrumentator
 
+from app.draining import SigtermDrain
 from app.engine import build_engine
 from app.errors import install_error_handlers
 from app.logs import configure_logging
@@ -71,6 +72,8 @@ def _lifespan(server: ServerState):  # type: ignore[no-untyped-def]
         server.engine, server.batcher, server.decode_pool = engine, batcher, decode_pool
         server.ready = True
         metrics.ready.set(1)
+        drain = SigtermDrain(server, settings.drain_timeout_s)
+        drain.install()
         logger.info(
             "serving %s (%s weights) on %s in %s; batches up to %d, window %.1f ms",
             engine.name,
@@ -83,9 +86,9 @@ def _lifespan(server: ServerState):  # type: ignore[no-untyped-def]
         try:
             yield
         finally:
-            server.ready = False
+            drain.uninstall()
+            server.start_draining()
             server.not_ready_reason = "the server is shutting down"
-            metrics.ready.set(0)
             await batcher.aclose(settings.drain_timeout_s)
             decode_pool.shutdown(wait=False, cancel_futures=True)
             logger.info("stopped")

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 
@@ -24,7 +25,27 @@ class ServerState:
     ready: bool = False
     draining: bool = False
     preparing: int = 0  # admitted /predict requests not yet in the batcher's queue
+    active: int = 0  # /predict requests in progress
+    idle: asyncio.Event = field(default_factory=asyncio.Event)
     not_ready_reason: str = field(default="the model is loading")
+
+    def __post_init__(self) -> None:
+        self.idle.set()
+
+    def enter(self) -> None:
+        self.active += 1
+        self.idle.clear()
+
+    def leave(self) -> None:
+        self.active -= 1
+        if self.active == 0:
+            self.idle.set()
+
+    def start_draining(self) -> None:
+        self.draining = True
+        self.ready = False
+        self.not_ready_reason = "the server is draining"
+        self.metrics.ready.set(0)
 
     @property
     def is_ready(self) -> bool:

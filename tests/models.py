@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import time
+
 import torch
 from torch import nn
 
@@ -53,3 +55,34 @@ class Exploding(nn.Module):
 
 def exploding() -> nn.Module:
     return Exploding()
+
+
+class Slow(nn.Module):
+    """Takes ``Slow.seconds`` per forward pass, like a big model on a small machine.
+
+    Zero by default so that loading and warm-up stay fast; tests raise it once serving.
+    """
+
+    seconds = 0.0
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.base = ColorClassifier()
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        if Slow.seconds > 0:
+            time.sleep(Slow.seconds)
+        logits: torch.Tensor = self.base(x)
+        return logits
+
+
+def slow() -> nn.Module:
+    return Slow()
+
+
+def slow_from_env() -> nn.Module:
+    """A ``Slow`` model, its delay from ``BATCHSERVE_TEST_SLOW_SECONDS`` (for subprocesses)."""
+    import os
+
+    Slow.seconds = float(os.environ.get("BATCHSERVE_TEST_SLOW_SECONDS", "0"))
+    return Slow()

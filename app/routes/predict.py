@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import math
 import time
 from typing import Annotated, Any
@@ -82,6 +83,7 @@ async def predict(
     ``X-Request-Timeout-Ms`` sets this request's deadline (default: the server's).
     """
     server = server_state(request)
+    server.enter()
     try:
         response = await _predict(server, request, top_k)
     except ClientDisconnected:
@@ -96,6 +98,8 @@ async def predict(
             log_unexpected(exc, request_id_of(request.scope))
         server.metrics.count_request(info.outcome)
         return error_response(info)
+    finally:
+        server.leave()
     server.metrics.count_request("ok")
     return response
 
@@ -179,13 +183,17 @@ async def _submit(
     disconnect = asyncio.ensure_future(_disconnected(receive))
     try:
         await asyncio.wait((submit, disconnect), return_when=asyncio.FIRST_COMPLETED)
+    except asyncio.CancelledError:
+        submit.cancel()
+        raise
     finally:
-        if not submit.done():
-            submit.cancel()  # removes it from the queue if it is still there
         disconnect.cancel()
-    if submit.cancelled():
-        raise ClientDisconnected
-    return submit.result()
+    if submit.done():
+        return submit.result()
+    submit.cancel()  # takes it out of the queue if it is still there
+    with contextlib.suppress(asyncio.CancelledError):
+        await submit
+    raise ClientDisconnected
 
 
 async def _disconnected(receive: Receive) -> None:

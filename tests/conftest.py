@@ -1,0 +1,77 @@
+"""Shared fixtures: settings for tiny models, the real app with its lifespan, an HTTP client."""
+
+from __future__ import annotations
+
+from collections.abc import AsyncIterator, Callable
+from contextlib import asynccontextmanager
+from typing import Any
+
+import httpx
+import pytest
+import torch
+from asgi_lifespan import LifespanManager
+from fastapi import FastAPI
+
+from app.main import create_app
+from app.settings import Settings
+
+COLOR_MODEL = "tests.models:color_classifier"
+
+
+def cuda_available() -> bool:
+    return torch.cuda.is_available()
+
+
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    if cuda_available():
+        return
+    skip = pytest.mark.skip(reason="needs CUDA")
+    for item in items:
+        if "cuda" in item.keywords:
+            item.add_marker(skip)
+
+
+@pytest.fixture(autouse=True)
+def _no_env_file(monkeypatch: pytest.MonkeyPatch, tmp_path_factory: pytest.TempPathFactory) -> None:
+    """Tests never read a developer's .env or BATCHSERVE_* variables by accident."""
+    import os
+
+    for name in list(os.environ):
+        if name.startswith("BATCHSERVE_"):
+            monkeypatch.delenv(name)
+    monkeypatch.chdir(tmp_path_factory.mktemp("cwd"))
+
+
+def make_settings(**overrides: Any) -> Settings:
+    values: dict[str, Any] = {
+        "model": COLOR_MODEL,
+        "weights": "none",
+        "precision": "fp32",
+        "max_batch_size": 8,
+        "max_queue_delay_ms": 5,
+        "decode_workers": 2,
+        "drain_timeout_s": 5,
+    }
+    values.update(overrides)
+    return Settings(_env_file=None, **values)
+
+
+@asynccontextmanager
+async def serve(settings: Settings) -> AsyncIterator[tuple[FastAPI, httpx.AsyncClient]]:
+    """The real app, its lifespan run, and a client talking ASGI to it."""
+    app = create_app(settings)
+    async with LifespanManager(app, startup_timeout=120, shutdown_timeout=60) as manager:
+        transport = httpx.ASGITransport(app=manager.app)
+        async with httpx.AsyncClient(transport=transport, base_url="http://test") as client:
+            yield app, client
+
+
+@pytest.fixture
+def settings_factory() -> Callable[..., Settings]:
+    return make_settings
+
+
+@pytest.fixture
+async def client() -> AsyncIterator[httpx.AsyncClient]:
+    async with serve(make_settings()) as (_, http):
+        yield http

@@ -1,0 +1,84 @@
+"""A real uvicorn process for end-to-end tests."""
+
+from __future__ import annotations
+
+import os
+import signal
+import socket
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+from types import TracebackType
+
+import httpx
+
+ROOT = Path(__file__).resolve().parent.parent
+
+
+def free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        port: int = sock.getsockname()[1]
+        return port
+
+
+class UvicornProcess:
+    """``python -m uvicorn app.main:app`` with ``BATCHSERVE_*`` settings from ``env``."""
+
+    def __init__(self, env: dict[str, str], startup_timeout: float = 120.0) -> None:
+        self.port = free_port()
+        self.url = f"http://127.0.0.1:{self.port}"
+        self._env = {**os.environ, "PYTHONPATH": str(ROOT), **env}
+        self._startup_timeout = startup_timeout
+        self.process: subprocess.Popen[bytes] | None = None
+        # A file, not a pipe: an unread pipe fills up and blocks the server's logging.
+        self._log = tempfile.TemporaryFile()  # noqa: SIM115 - closed in stop()
+
+    def __enter__(self) -> UvicornProcess:
+        command = [
+            sys.executable, "-m", "uvicorn", "app.main:app",
+            "--host", "127.0.0.1", "--port", str(self.port), "--no-access-log",
+        ]  # fmt: skip
+        self.process = subprocess.Popen(
+            command, cwd=ROOT, env=self._env, stdout=self._log, stderr=subprocess.STDOUT
+        )
+        deadline = time.monotonic() + self._startup_timeout
+        while time.monotonic() < deadline:
+            if self.process.poll() is not None:
+                raise RuntimeError(f"uvicorn exited early:\n{self.read_output()}")
+            try:
+                if httpx.get(f"{self.url}/readyz", timeout=1).status_code == 200:
+                    return self
+            except httpx.TransportError:
+                pass
+            time.sleep(0.1)
+        self.stop()
+        raise RuntimeError(f"uvicorn did not become ready:\n{self.read_output()}")
+
+    def __exit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        traceback: TracebackType | None,
+    ) -> None:
+        self.stop()
+
+    def terminate(self) -> None:
+        assert self.process is not None
+        self.process.send_signal(signal.SIGTERM)
+
+    def wait(self, timeout: float) -> int:
+        assert self.process is not None
+        return self.process.wait(timeout=timeout)
+
+    def stop(self) -> None:
+        if self.process is not None and self.process.poll() is None:
+            self.process.kill()
+            self.process.wait(timeout=10)
+        self._log.close()
+
+    def read_output(self) -> str:
+        self._log.seek(0)
+        return self._log.read().decode(errors="replace")

@@ -1,0 +1,317 @@
+"""The HTTP API through the real app and its lifespan."""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import re
+from collections.abc import Iterator
+
+import httpx
+import pytest
+
+from tests import images
+from tests.conftest import make_settings, serve
+from tests.models import Exploding, Slow
+
+JPEG = {"content-type": "image/jpeg"}
+
+
+def metric(text: str, name: str) -> float:
+    match = re.search(rf"^{re.escape(name)} ([0-9.e+-]+)$", text, re.MULTILINE)
+    assert match, f"{name} not in /metrics"
+    return float(match.group(1))
+
+
+def assert_error(response: httpx.Response, status: int, code: str) -> None:
+    assert response.status_code == status, response.text
+    assert response.headers["content-type"] == "application/json"
+    body = response.json()
+    assert set(body) == {"error"}
+    assert body["error"]["code"] == code
+    assert body["error"]["message"]
+    assert "Traceback" not in response.text
+    assert "/work/" not in response.text
+    assert ".py" not in response.text
+
+
+@pytest.fixture
+def slow_model() -> Iterator[type[Slow]]:
+    yield Slow
+    Slow.seconds = 0.0
+
+
+# -- happy paths ---------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("content_type", "data"),
+    [
+        ("image/jpeg", images.jpeg()),
+        ("image/png", images.png()),
+        ("image/webp", images.webp()),
+        ("application/octet-stream", images.jpeg()),
+        ("image/jpeg", images.png()),  # the bytes decide, not the declared subtype
+    ],
+)
+async def test_predict_raw_body(client: httpx.AsyncClient, content_type: str, data: bytes) -> None:
+    response = await client.post("/predict", content=data, headers={"content-type": content_type})
+    assert response.status_code == 200, response.text
+    body = response.json()
+    assert body["model"] == "tests.models:color_classifier"
+    assert len(body["predictions"]) == 5  # the TOP_K default
+    first = body["predictions"][0]
+    assert set(first) == {"index", "label", "score"}
+    assert first["label"] == str(first["index"])
+
+
+async def test_predict_multipart(client: httpx.AsyncClient) -> None:
+    files = {"file": ("cat.jpg", images.jpeg(), "image/jpeg")}
+    response = await client.post("/predict?top_k=2", files=files)
+    assert response.status_code == 200, response.text
+    assert len(response.json()["predictions"]) == 2
+
+
+async def test_timing_and_request_id_headers(client: httpx.AsyncClient) -> None:
+    response = await client.post("/predict", content=images.jpeg(), headers=JPEG)
+    timing = response.headers["server-timing"]
+    stages = dict(part.strip().split(";dur=") for part in timing.split(","))
+    for stage in ("parse", "decode", "queue", "forward", "postprocess", "total"):
+        assert float(stages[stage]) >= 0
+    assert float(stages["total"]) >= float(stages["forward"])
+    assert re.fullmatch(r"[0-9a-f]{32}", response.headers["x-request-id"])
+    echoed = await client.post(
+        "/predict", content=images.jpeg(), headers={**JPEG, "x-request-id": "client-42"}
+    )
+    assert echoed.headers["x-request-id"] == "client-42"
+    unsafe = await client.get("/healthz", headers={"x-request-id": "bad id\twith spaces"})
+    assert unsafe.headers["x-request-id"] != "bad id\twith spaces"
+
+
+async def test_health_readiness_and_models(client: httpx.AsyncClient) -> None:
+    assert (await client.get("/healthz")).json() == {"status": "ok"}
+    assert (await client.get("/readyz")).json() == {"status": "ready"}
+    (model,) = (await client.get("/v1/models")).json()["models"]
+    assert model["name"] == "tests.models:color_classifier"
+    assert model["weights"] == "random"
+    assert model["device"] == "cpu"
+    assert model["precision"] == "fp32"
+    assert model["input_shape"] == [3, 224, 224]
+    assert model["num_classes"] == 12
+    assert model["batching"]["max_batch_size"] == 8
+    assert set(model["warmup_ms"]) == {"1", "2", "4", "8"}
+
+
+async def test_metrics_exposes_the_documented_names(client: httpx.AsyncClient) -> None:
+    await client.post("/predict", content=images.jpeg(), headers=JPEG)
+    await client.post("/predict", content=b"nope", headers=JPEG)
+    response = await client.get("/metrics")
+    assert response.status_code == 200
+    text = response.text
+    for name in (
+        "batchserve_queue_depth",
+        "batchserve_batch_size_bucket",
+        "batchserve_queue_wait_seconds_bucket",
+        'batchserve_stage_seconds_bucket{le="0.001",stage="decode"}',
+        'batchserve_stage_seconds_count{stage="forward"}',
+        'batchserve_stage_seconds_count{stage="postprocess"}',
+        "batchserve_device_busy_seconds_total",
+        'batchserve_model_info{device="cpu",model="tests.models:color_classifier",precision="fp32"}',
+        "http_requests_total",
+        "process_resident_memory_bytes",
+    ):
+        assert name in text, name
+    assert metric(text, 'batchserve_requests_total{outcome="ok"}') == 1
+    assert metric(text, 'batchserve_requests_total{outcome="invalid"}') == 1
+    assert metric(text, "batchserve_device_busy_seconds_total") > 0
+
+
+# -- batching through HTTP -----------------------------------------------------------------
+
+
+async def test_concurrent_requests_share_batches() -> None:
+    async with serve(make_settings(max_batch_size=16, max_queue_delay_ms=20)) as (_, client):
+        data = images.jpeg()
+        responses = await asyncio.gather(
+            *(client.post("/predict", content=data, headers=JPEG) for _ in range(32))
+        )
+        assert all(response.status_code == 200 for response in responses)
+        text = (await client.get("/metrics")).text
+    batches = metric(text, "batchserve_batch_size_count")
+    requests = metric(text, "batchserve_batch_size_sum")
+    assert requests == 32
+    assert requests / batches > 1
+    assert max(int(r.headers["x-batch-size"]) for r in responses) > 1
+
+
+async def test_no_mix_ups_between_requests_that_share_a_batch() -> None:
+    """Distinct images sent together get exactly what each gets alone."""
+    pictures = [images.jpeg(images.photo(200, 150, seed=seed)) for seed in range(24)]
+    async with serve(make_settings(max_batch_size=8, max_queue_delay_ms=20)) as (_, client):
+        alone = []
+        for data in pictures:
+            response = await client.post("/predict?top_k=12", content=data, headers=JPEG)
+            assert response.headers["x-batch-size"] == "1"
+            alone.append(response.json()["predictions"])
+        together = await asyncio.gather(
+            *(client.post("/predict?top_k=12", content=data, headers=JPEG) for data in pictures)
+        )
+    assert max(int(response.headers["x-batch-size"]) for response in together) > 1
+    # The model's answers really differ between images, so a swap could not go unnoticed.
+    assert len({tuple(p["index"] for p in prediction) for prediction in alone}) > 12
+    for single, response in zip(alone, together, strict=True):
+        batched = response.json()["predictions"]
+        assert [p["index"] for p in batched] == [p["index"] for p in single]
+        for a, b in zip(batched, single, strict=True):
+            assert a["score"] == pytest.approx(b["score"], abs=1e-5)
+
+
+# -- client errors -------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("headers", "data", "status", "code"),
+    [
+        (JPEG, b"", 400, "invalid_image"),
+        (JPEG, b"this is plain text, not a JPEG", 400, "invalid_image"),
+        (JPEG, images.jpeg()[:1500], 400, "invalid_image"),
+        ({"content-type": "image/png"}, images.png()[:200], 400, "invalid_image"),
+        ({"content-type": "image/tiff"}, images.encode(images.photo(), "TIFF"), 415,
+         "unsupported_media_type"),
+        ({"content-type": "application/json"}, b'{"image": "x"}', 415, "unsupported_media_type"),
+        ({}, images.jpeg(), 415, "unsupported_media_type"),
+        (JPEG, images.jpeg_bomb(), 413, "too_large"),
+        ({"content-type": "image/png"}, images.png_bomb(), 413, "too_large"),
+    ],
+    ids=["empty", "text", "truncated-jpeg", "truncated-png", "tiff", "json", "no-type",
+         "jpeg-bomb", "png-bomb"],
+)  # fmt: skip
+async def test_bad_input_is_answered_with_the_right_error(
+    client: httpx.AsyncClient, headers: dict[str, str], data: bytes, status: int, code: str
+) -> None:
+    response = await client.post("/predict", content=data, headers=headers)
+    assert_error(response, status, code)
+    assert (await client.post("/predict", content=images.jpeg(), headers=JPEG)).status_code == 200
+
+
+@pytest.mark.parametrize("top_k", ["0", "-1", "13", "abc", "1.5"])
+async def test_bad_top_k(client: httpx.AsyncClient, top_k: str) -> None:
+    response = await client.post(f"/predict?top_k={top_k}", content=images.jpeg(), headers=JPEG)
+    assert_error(response, 422, "invalid_parameter")
+    assert "top_k" in response.json()["error"]["message"]
+
+
+async def test_top_k_may_be_every_class(client: httpx.AsyncClient) -> None:
+    response = await client.post("/predict?top_k=12", content=images.jpeg(), headers=JPEG)
+    assert len(response.json()["predictions"]) == 12
+
+
+async def test_multipart_without_a_file_field(client: httpx.AsyncClient) -> None:
+    response = await client.post("/predict", files={"image": ("a.jpg", images.jpeg())})
+    assert_error(response, 422, "invalid_parameter")
+    assert "'file'" in response.json()["error"]["message"]
+
+
+async def test_body_over_the_byte_limit() -> None:
+    async with serve(make_settings(max_image_bytes=4096)) as (_, client):
+        big = images.jpeg(images.photo(400, 300), quality=95)
+        assert len(big) > 4096
+        assert_error(await client.post("/predict", content=big, headers=JPEG), 413, "too_large")
+
+        async def chunked() -> object:
+            for start in range(0, len(big), 1000):
+                yield big[start : start + 1000]
+
+        response = await client.post("/predict", content=chunked(), headers=JPEG)  # type: ignore[arg-type]
+        assert_error(response, 413, "too_large")
+        files = {"file": ("big.jpg", big, "image/jpeg")}
+        assert_error(await client.post("/predict", files=files), 413, "too_large")
+
+
+async def test_bad_timeout_header(client: httpx.AsyncClient) -> None:
+    for value in ("soon", "-5", "0", "nan"):
+        response = await client.post(
+            "/predict", content=images.jpeg(), headers={**JPEG, "x-request-timeout-ms": value}
+        )
+        assert_error(response, 422, "invalid_parameter")
+
+
+async def test_unknown_route_and_method(client: httpx.AsyncClient) -> None:
+    assert_error(await client.get("/nope"), 404, "not_found")
+    assert_error(await client.get("/predict"), 405, "method_not_allowed")
+
+
+# -- server-side failures and limits -------------------------------------------------------
+
+
+async def test_model_failure_is_a_500_for_that_batch_only(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    settings = make_settings(model="tests.models:exploding")
+    async with serve(settings) as (_, client):
+        Exploding.fail_next = 1
+        with caplog.at_level(logging.ERROR, logger="batchserve"):
+            response = await client.post(
+                "/predict", content=images.jpeg(), headers={**JPEG, "x-request-id": "req-500"}
+            )
+        assert_error(response, 500, "internal_error")
+        assert "injected failure" not in response.text
+        assert "req-500" in caplog.text  # logged with the request id, traceback and all
+        assert "injected failure" in caplog.text
+        ok = await client.post("/predict", content=images.jpeg(), headers=JPEG)
+        assert ok.status_code == 200
+        text = (await client.get("/metrics")).text
+        assert metric(text, 'batchserve_requests_total{outcome="error"}') == 1
+
+
+async def test_full_queue_answers_503_with_retry_after(slow_model: type[Slow]) -> None:
+    settings = make_settings(
+        model="tests.models:slow", max_batch_size=1, max_inflight_batches=1, max_queue_size=1
+    )
+    async with serve(settings) as (_, client):
+        slow_model.seconds = 0.3
+        responses = await asyncio.gather(
+            *(client.post("/predict", content=images.jpeg(), headers=JPEG) for _ in range(4))
+        )
+        statuses = sorted(response.status_code for response in responses)
+        assert statuses[0] == 200
+        assert statuses[-1] == 503
+        for response in responses:
+            if response.status_code == 503:
+                assert_error(response, 503, "overloaded")
+                assert int(response.headers["retry-after"]) >= 1
+        text = (await client.get("/metrics")).text
+        assert metric(text, 'batchserve_requests_total{outcome="overloaded"}') >= 1
+
+
+async def test_request_deadline_is_a_504(slow_model: type[Slow]) -> None:
+    async with serve(make_settings(model="tests.models:slow")) as (_, client):
+        slow_model.seconds = 0.5
+        response = await client.post(
+            "/predict", content=images.jpeg(), headers={**JPEG, "x-request-timeout-ms": "100"}
+        )
+        assert_error(response, 504, "deadline_exceeded")
+        slow_model.seconds = 0.0
+        text = (await client.get("/metrics")).text
+        assert metric(text, 'batchserve_requests_total{outcome="deadline_exceeded"}') == 1
+
+
+async def test_api_key() -> None:
+    async with serve(make_settings(api_key="letmein", protect_metrics=True)) as (_, client):
+        denied = await client.post("/predict", content=images.jpeg(), headers=JPEG)
+        assert_error(denied, 401, "unauthorized")
+        assert denied.headers["www-authenticate"] == "Bearer"
+        wrong = await client.post(
+            "/predict", content=images.jpeg(), headers={**JPEG, "authorization": "Bearer nope"}
+        )
+        assert wrong.json() == denied.json()
+        good = await client.post(
+            "/predict", content=images.jpeg(), headers={**JPEG, "authorization": "Bearer letmein"}
+        )
+        assert good.status_code == 200
+        assert (await client.get("/healthz")).status_code == 200
+        assert (await client.get("/readyz")).status_code == 200
+        assert (await client.get("/v1/models")).status_code == 401
+        assert (await client.get("/metrics")).status_code == 401
+        auth = {"authorization": "Bearer letmein"}
+        assert (await client.get("/metrics", headers=auth)).status_code == 200

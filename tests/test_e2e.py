@@ -1,0 +1,162 @@
+"""End to end against a real uvicorn process: serving, SIGTERM drain, clients that hang up."""
+
+from __future__ import annotations
+
+import asyncio
+import re
+import socket
+import time
+from collections.abc import Callable
+
+import httpx
+import pytest
+
+from tests import images
+from tests.server import UvicornProcess
+
+pytestmark = [pytest.mark.e2e, pytest.mark.slow]
+
+JPEG = {"content-type": "image/jpeg"}
+BASE_ENV = {
+    "BATCHSERVE_MODEL": "tests.models:color_classifier",
+    "BATCHSERVE_WEIGHTS": "none",
+    "BATCHSERVE_PRECISION": "fp32",
+    "BATCHSERVE_LOG_LEVEL": "warning",
+}
+SLOW_ENV = {
+    **BASE_ENV,
+    "BATCHSERVE_MODEL": "tests.models:slow_from_env",
+    "BATCHSERVE_MAX_BATCH_SIZE": "1",
+    "BATCHSERVE_MAX_INFLIGHT_BATCHES": "1",
+}
+
+
+def scrape(server: UvicornProcess, name: str) -> float:
+    text = httpx.get(f"{server.url}/metrics", timeout=5).text
+    match = re.search(rf"^{re.escape(name)} ([0-9.e+-]+)$", text, re.MULTILINE)
+    assert match, f"{name} missing from /metrics"
+    return float(match.group(1))
+
+
+def wait_for(condition: Callable[[], bool], timeout: float = 10.0) -> None:
+    deadline = time.monotonic() + timeout
+    while not condition():
+        if time.monotonic() > deadline:
+            raise AssertionError("condition not reached in time")
+        time.sleep(0.02)
+
+
+def test_serves_batches_and_exits_on_sigterm() -> None:
+    env = {**BASE_ENV, "BATCHSERVE_MAX_BATCH_SIZE": "16", "BATCHSERVE_MAX_QUEUE_DELAY_MS": "10"}
+    with UvicornProcess(env) as server:
+        response = httpx.post(f"{server.url}/predict", content=images.jpeg(), headers=JPEG)
+        assert response.status_code == 200
+        assert response.json()["predictions"]
+
+        async def burst() -> list[int]:
+            async with httpx.AsyncClient(base_url=server.url, timeout=30) as client:
+                data = images.jpeg()
+                replies = await asyncio.gather(
+                    *(client.post("/predict", content=data, headers=JPEG) for _ in range(32))
+                )
+            return [reply.status_code for reply in replies]
+
+        assert asyncio.run(burst()) == [200] * 32
+        requests = scrape(server, "batchserve_batch_size_sum")
+        batches = scrape(server, "batchserve_batch_size_count")
+        assert requests == 33
+        assert requests / batches > 1
+
+        server.terminate()
+        code = server.wait(timeout=30)
+        # uvicorn re-raises the SIGTERM it handled once its shutdown is complete.
+        assert code in (0, -15), server.read_output()
+        assert "Traceback" not in server.read_output()
+
+
+def test_sigterm_refuses_new_work_and_finishes_accepted_requests() -> None:
+    env = {
+        **SLOW_ENV,
+        "BATCHSERVE_TEST_SLOW_SECONDS": "0.3",
+        "BATCHSERVE_DRAIN_TIMEOUT_S": "20",
+    }
+    with UvicornProcess(env) as server:
+
+        async def scenario() -> tuple[list[int], int, int, str]:
+            async with httpx.AsyncClient(base_url=server.url, timeout=30) as client:
+                accepted = [
+                    asyncio.ensure_future(
+                        client.post("/predict", content=images.jpeg(), headers=JPEG)
+                    )
+                    for _ in range(4)
+                ]
+                # One request runs, three wait in the queue: all four are accepted.
+                await asyncio.to_thread(
+                    wait_for, lambda: scrape(server, "batchserve_queue_depth") == 3
+                )
+                server.terminate()
+                await asyncio.sleep(0.05)
+                async with httpx.AsyncClient(base_url=server.url, timeout=10) as fresh:
+                    ready = await fresh.get("/readyz")
+                    refused = await fresh.post("/predict", content=images.jpeg(), headers=JPEG)
+                replies = await asyncio.gather(*accepted)
+            return (
+                [reply.status_code for reply in replies],
+                ready.status_code,
+                refused.status_code,
+                refused.text,
+            )
+
+        statuses, ready, refused, refused_body = asyncio.run(scenario())
+        assert statuses == [200, 200, 200, 200]
+        assert ready == 503
+        assert refused == 503
+        assert '"not_ready"' in refused_body
+        started = time.monotonic()
+        code = server.wait(timeout=20)
+        assert code in (0, -15), server.read_output()
+        assert time.monotonic() - started < 10
+
+
+def raw_predict(url: str, body: bytes) -> socket.socket:
+    """Send a complete POST and return the socket without reading the answer."""
+    host, port = url.removeprefix("http://").split(":")
+    sock = socket.create_connection((host, int(port)))
+    head = (
+        "POST /predict HTTP/1.1\r\n"
+        f"Host: {host}\r\nContent-Type: image/jpeg\r\nContent-Length: {len(body)}\r\n\r\n"
+    )
+    sock.sendall(head.encode() + body)
+    return sock
+
+
+def test_clients_that_hang_up_are_dropped_before_any_work() -> None:
+    env = {**SLOW_ENV, "BATCHSERVE_TEST_SLOW_SECONDS": "0.5"}
+    with UvicornProcess(env) as server:
+
+        async def scenario() -> int:
+            async with httpx.AsyncClient(base_url=server.url, timeout=30) as client:
+                running = asyncio.ensure_future(
+                    client.post("/predict", content=images.jpeg(), headers=JPEG)
+                )
+                await asyncio.to_thread(
+                    wait_for, lambda: scrape(server, "batchserve_inflight_batches") == 1
+                )
+                quitters = [raw_predict(server.url, images.jpeg()) for _ in range(2)]
+                await asyncio.to_thread(
+                    wait_for, lambda: scrape(server, "batchserve_queue_depth") == 2
+                )
+                for sock in quitters:
+                    sock.close()
+                await asyncio.to_thread(
+                    wait_for, lambda: scrape(server, "batchserve_queue_depth") == 0
+                )
+                reply = await running
+            return reply.status_code
+
+        assert asyncio.run(scenario()) == 200
+        wait_for(lambda: scrape(server, 'batchserve_requests_total{outcome="cancelled"}') == 2)
+        assert scrape(server, 'batchserve_dropped_requests_total{reason="cancelled"}') == 2
+        time.sleep(0.6)  # had they been dispatched, their batches would have finished by now
+        assert scrape(server, 'batchserve_batches_total{result="ok"}') == 1
+        assert scrape(server, "batchserve_batch_size_sum") == 1

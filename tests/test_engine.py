@@ -1,0 +1,238 @@
+"""Model loading through the real path, labels, precision choice, and the batched engine."""
+
+from __future__ import annotations
+
+import logging
+import os
+from pathlib import Path
+
+import pytest
+import torch
+from torchvision.models import MobileNet_V3_Small_Weights, get_model
+
+from app.engine import InferenceEngine, InferenceRequest, ModelLoadError, load_model
+from app.engine import device as device_module
+from app.engine.device import DeviceError, resolve_device, resolve_precision
+from preprocessing import ImageFormat, ImageHeader, PreparedImage, TransformConfig, prepare
+from tests import images
+from tests.conftest import COLOR_MODEL
+
+SMALL = "mobilenet_v3_small"
+
+
+def write_labels(path: Path, count: int) -> Path:
+    path.write_text("".join(f"class {index}\n" for index in range(count)) + "\n\n")
+    return path
+
+
+def probe(module: torch.nn.Module) -> torch.Tensor:
+    generator = torch.Generator().manual_seed(0)
+    with torch.inference_mode():
+        return module.eval()(torch.randn(2, 3, 224, 224, generator=generator))  # type: ignore[no-any-return]
+
+
+# -- loading -------------------------------------------------------------------------------
+
+
+def test_state_dict_from_a_path_loads_through_the_real_path(tmp_path: Path) -> None:
+    trained = get_model(SMALL, weights=None, num_classes=10)
+    torch.save(trained.state_dict(), tmp_path / "model.pt")
+    labels = write_labels(tmp_path / "labels.txt", 10)
+    loaded = load_model(SMALL, str(tmp_path / "model.pt"), labels)
+    assert loaded.weights == str(tmp_path / "model.pt")
+    assert loaded.labels == tuple(f"class {index}" for index in range(10))
+    assert torch.equal(probe(loaded.module), probe(trained))
+
+
+@pytest.mark.parametrize("wrap", ["state_dict", "model_state_dict", "module-prefix", "compiled"])
+def test_checkpoint_dicts_and_wrapper_prefixes(tmp_path: Path, wrap: str) -> None:
+    trained = get_model(SMALL, weights=None, num_classes=4)
+    state = trained.state_dict()
+    payload: object
+    if wrap == "module-prefix":
+        payload = {f"module.{key}": value for key, value in state.items()}
+    elif wrap == "compiled":
+        payload = {"state_dict": {f"_orig_mod.{key}": value for key, value in state.items()}}
+    else:
+        payload = {wrap: state, "epoch": 7, "optimizer": {"lr": torch.tensor(0.1)}}
+    torch.save(payload, tmp_path / "checkpoint.pth")
+    loaded = load_model(
+        SMALL, str(tmp_path / "checkpoint.pth"), write_labels(tmp_path / "labels.txt", 4)
+    )
+    assert torch.equal(probe(loaded.module), probe(trained))
+
+
+def test_checkpoint_with_the_wrong_shapes_fails_with_a_clear_message(tmp_path: Path) -> None:
+    torch.save(get_model(SMALL, weights=None, num_classes=10).state_dict(), tmp_path / "m.pt")
+    with pytest.raises(ModelLoadError) as raised:
+        load_model(SMALL, str(tmp_path / "m.pt"))  # no LABELS: the model gets 1000 classes
+    message = str(raised.value)
+    assert "shape mismatch" in message
+    assert "(10, 1024) vs model (1000, 1024)" in message
+    assert "BATCHSERVE_LABELS" in message
+
+
+def test_checkpoint_of_another_architecture_fails_with_a_clear_message(tmp_path: Path) -> None:
+    torch.save(get_model("resnet18", weights=None).state_dict(), tmp_path / "r.pt")
+    with pytest.raises(ModelLoadError, match=r"missing keys.*unexpected keys"):
+        load_model(SMALL, str(tmp_path / "r.pt"))
+
+
+def test_files_that_are_not_state_dicts(tmp_path: Path) -> None:
+    (tmp_path / "notes.txt").write_text("not a checkpoint")
+    with pytest.raises(ModelLoadError, match="cannot read"):
+        load_model(SMALL, str(tmp_path / "notes.txt"))
+    torch.save({"epoch": 3}, tmp_path / "empty.pt")
+    with pytest.raises(ModelLoadError, match="holds no state_dict"):
+        load_model(SMALL, str(tmp_path / "empty.pt"))
+    with pytest.raises(ModelLoadError, match="no such file"):
+        load_model(SMALL, str(tmp_path / "missing.pt"))
+
+
+def test_unknown_model_names_suggest_close_ones() -> None:
+    with pytest.raises(ModelLoadError, match="did you mean resnet50"):
+        load_model("resnet5O", "none")
+
+
+def test_random_weights_on_purpose_use_the_imagenet_labels_and_preset() -> None:
+    loaded = load_model(SMALL, "none")
+    assert loaded.weights == "random"
+    assert len(loaded.labels) == 1000
+    assert loaded.labels[1] == "goldfish"
+    assert (loaded.transform.crop_size, loaded.transform.resize_size) == (224, 256)
+
+
+def test_image_size_keeps_the_preset_ratio() -> None:
+    loaded = load_model("resnet50", "none", image_size=160)
+    # resnet50's DEFAULT weights evaluate at resize 232 / crop 224.
+    assert (loaded.transform.crop_size, loaded.transform.resize_size) == (160, 166)
+
+
+def test_label_count_must_match_the_outputs(tmp_path: Path) -> None:
+    with pytest.raises(ModelLoadError, match="3 labels but the model has 12 outputs"):
+        load_model(COLOR_MODEL, "none", write_labels(tmp_path / "labels.txt", 3))
+    loaded = load_model(COLOR_MODEL, "none", write_labels(tmp_path / "labels.txt", 12))
+    assert loaded.labels[11] == "class 11"
+
+
+def test_auto_without_cache_or_network_falls_back_to_random_loudly(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
+    monkeypatch.setenv("TORCH_HOME", str(tmp_path))
+
+    def offline(url: str, *args: object, **kwargs: object) -> None:
+        raise OSError("network is unreachable")
+
+    monkeypatch.setattr(torch.hub, "download_url_to_file", offline)
+    with caplog.at_level(logging.WARNING, logger="batchserve"):
+        loaded = load_model(SMALL, "auto")
+    assert loaded.weights == "random"
+    assert "RANDOM weights" in caplog.text
+    assert "network is unreachable" in caplog.text
+
+
+def test_auto_uses_weights_found_in_the_hub_cache(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setenv("TORCH_HOME", str(tmp_path))
+    weights = MobileNet_V3_Small_Weights.DEFAULT
+    cached = tmp_path / "hub" / "checkpoints" / os.path.basename(weights.url)
+    cached.parent.mkdir(parents=True)
+    reference = get_model(SMALL, weights=None)
+    torch.save(reference.state_dict(), cached)
+
+    def no_download(*args: object, **kwargs: object) -> None:
+        raise AssertionError("must not download a cached file")
+
+    monkeypatch.setattr(torch.hub, "download_url_to_file", no_download)
+    loaded = load_model(SMALL, "auto")
+    assert loaded.weights == "MobileNet_V3_Small_Weights.IMAGENET1K_V1"
+    assert torch.equal(probe(loaded.module), probe(reference))
+
+
+# -- device and precision ------------------------------------------------------------------
+
+
+def test_precision_choice(monkeypatch: pytest.MonkeyPatch) -> None:
+    cpu = torch.device("cpu")
+    monkeypatch.setattr(device_module, "cpu_supports_bf16", lambda: True)
+    assert resolve_precision("auto", cpu) is torch.bfloat16
+    monkeypatch.setattr(device_module, "cpu_supports_bf16", lambda: False)
+    assert resolve_precision("auto", cpu) is torch.float32
+    assert resolve_precision("fp16", cpu) is torch.float16
+    assert resolve_precision("auto", torch.device("cuda")) is torch.float16
+
+
+@pytest.mark.skipif(torch.cuda.is_available(), reason="checks the error when CUDA is absent")
+def test_cuda_requested_without_cuda() -> None:
+    assert resolve_device("auto") == torch.device("cpu")
+    with pytest.raises(DeviceError, match="CUDA is not available"):
+        resolve_device("cuda:0")
+
+
+# -- the engine ----------------------------------------------------------------------------
+
+
+def make_engine(precision: torch.dtype = torch.float32) -> InferenceEngine:
+    loaded = load_model(COLOR_MODEL, "none")
+    return InferenceEngine(loaded, torch.device("cpu"), precision)
+
+
+def request(
+    seed: int, top_k: int = 3, transform: TransformConfig | None = None
+) -> InferenceRequest:
+    data = images.jpeg(images.photo(160, 120, seed=seed))
+    return InferenceRequest(prepare(data, transform or TransformConfig()), top_k)
+
+
+def test_run_batch_returns_sorted_top_k_per_request() -> None:
+    engine = make_engine()
+    results = engine.run_batch([request(1, top_k=3), request(2, top_k=5)])
+    assert [len(result.classes) for result in results] == [3, 5]  # type: ignore[union-attr]
+    for result in results:
+        assert not isinstance(result, BaseException)
+        scores = [entry["score"] for entry in result.classes]
+        assert scores == sorted(scores, reverse=True)
+        assert 0 < sum(scores) <= 1.0 + 1e-6
+        assert result.batch_size == 2
+        assert set(result.timings) == {"collate", "forward", "postprocess"}
+
+
+def test_one_bad_item_does_not_fail_the_batch() -> None:
+    engine = make_engine()
+    broken = InferenceRequest(PreparedImage(ImageHeader(ImageFormat.JPEG, 9, 9)), top_k=1)
+    results = engine.run_batch([request(1), broken, request(2)])
+    assert isinstance(results[1], ValueError)
+    assert not isinstance(results[0], BaseException)
+    assert not isinstance(results[2], BaseException)
+    assert results[0].batch_size == 2
+
+
+def test_batched_results_equal_single_results() -> None:
+    engine = make_engine()
+    batch = [request(seed) for seed in range(6)]
+    together = engine.run_batch(batch)
+    for item, joint in zip(batch, together, strict=True):
+        (alone,) = engine.run_batch([item])
+        assert not isinstance(alone, BaseException)
+        assert not isinstance(joint, BaseException)
+        assert [c["index"] for c in alone.classes] == [c["index"] for c in joint.classes]
+        for a, b in zip(alone.classes, joint.classes, strict=True):
+            assert a["score"] == pytest.approx(b["score"], abs=1e-5)
+
+
+def test_bf16_agrees_with_fp32_on_the_top_class() -> None:
+    fp32, bf16 = make_engine(torch.float32), make_engine(torch.bfloat16)
+    batch = [request(seed) for seed in range(8)]
+    for a, b in zip(fp32.run_batch(batch), bf16.run_batch(batch), strict=True):
+        assert not isinstance(a, BaseException)
+        assert not isinstance(b, BaseException)
+        assert a.classes[0]["index"] == b.classes[0]["index"]
+        assert a.classes[0]["score"] == pytest.approx(b.classes[0]["score"], abs=0.05)
+
+
+def test_warmup_runs_every_bucket() -> None:
+    engine = make_engine()
+    timings = engine.warmup((1, 2, 4, 8))
+    assert sorted(timings) == [1, 2, 4, 8]
+    assert all(seconds > 0 for seconds in timings.values())

@@ -1,0 +1,229 @@
+"""Format sniffing, header checks, decoding of every mode, and equivalence with torchvision."""
+
+from __future__ import annotations
+
+import time
+
+import numpy as np
+import pytest
+import torch
+from PIL import Image
+from torchvision.models import ResNet50_Weights
+from torchvision.transforms.v2 import functional as F
+
+from preprocessing import (
+    ImageFormat,
+    ImageLimits,
+    ImageTooLargeError,
+    InvalidImageError,
+    TransformConfig,
+    UnsupportedFormatError,
+    decode_cpu,
+    normalize_into,
+    prepare,
+    read_header,
+    sniff,
+)
+from tests import images
+
+
+def decode(data: bytes) -> torch.Tensor:
+    return decode_cpu(data, read_header(data))
+
+
+# -- sniffing and headers ------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("data", "expected"),
+    [
+        (images.jpeg(), ImageFormat.JPEG),
+        (images.png(), ImageFormat.PNG),
+        (images.webp(), ImageFormat.WEBP),
+        (images.encode(images.photo(), "GIF"), ImageFormat.GIF),
+        (images.encode(images.photo(), "BMP"), ImageFormat.BMP),
+    ],
+)
+def test_sniff_recognises_formats_from_bytes(data: bytes, expected: ImageFormat) -> None:
+    assert sniff(data) is expected
+
+
+def test_sniff_refuses_non_images_and_names_unsupported_formats() -> None:
+    with pytest.raises(InvalidImageError, match="empty"):
+        sniff(b"")
+    with pytest.raises(InvalidImageError, match="not a recognised image"):
+        sniff(b"hello, this is text and not an image at all")
+    with pytest.raises(InvalidImageError):
+        sniff(b"PK\x03\x04" + b"\x00" * 40)  # a zip file
+    with pytest.raises(UnsupportedFormatError, match="TIFF"):
+        sniff(images.encode(images.photo(), "TIFF"))
+
+
+def test_header_gives_size_and_orientation_without_decoding() -> None:
+    header = read_header(images.with_exif_orientation(images.photo(300, 200), 6))
+    assert (header.format, header.width, header.height, header.orientation) == (
+        ImageFormat.JPEG, 300, 200, 6,
+    )  # fmt: skip
+
+
+@pytest.mark.parametrize("bomb", [images.png_bomb, images.jpeg_bomb])
+def test_decompression_bombs_are_refused_from_the_header(bomb: object) -> None:
+    data = bomb()  # type: ignore[operator]
+    assert len(data) < 5000
+    started = time.perf_counter()
+    with pytest.raises(ImageTooLargeError, match="60000x60000"):
+        prepare(data, TransformConfig())
+    assert time.perf_counter() - started < 1.0  # refused before any decoding
+
+
+def test_pixel_limit_and_extreme_aspect_ratios() -> None:
+    limits = ImageLimits(max_pixels=10_000, resize_size=64)
+    limits.check(100, 100)
+    with pytest.raises(ImageTooLargeError):
+        limits.check(101, 100)
+    with pytest.raises(ImageTooLargeError, match="aspect ratio"):
+        limits.check(1, 5000)  # few pixels, but 64 x 320000 once resized
+    with pytest.raises(ImageTooLargeError, match="aspect ratio"):
+        read_header(images.png(Image.new("RGB", (2000, 1))), limits)
+
+
+# -- decoding ------------------------------------------------------------------------------
+
+
+MODES_BY_FORMAT = {
+    "PNG": ["L", "P", "RGBA", "LA", "1", "I;16", "RGB"],
+    "JPEG": ["L", "RGB", "CMYK", "1"],
+    "WEBP": ["RGB", "RGBA", "L", "P"],
+    "GIF": ["L", "P", "RGB", "1"],
+    "BMP": ["L", "P", "RGB", "1", "RGBA"],
+}
+
+
+@pytest.mark.parametrize(
+    ("fmt", "mode"),
+    [(fmt, mode) for fmt, modes in MODES_BY_FORMAT.items() for mode in modes],
+)
+def test_every_mode_becomes_three_channel_uint8(fmt: str, mode: str) -> None:
+    source = images.photo(40, 30, seed=3).convert(mode if mode != "I;16" else "L")
+    if mode == "I;16":
+        source = Image.fromarray(np.asarray(source, dtype=np.uint16) * 257)
+    data = images.encode(source, fmt)
+    pixels = decode(data)
+    assert pixels.dtype == torch.uint8
+    assert tuple(pixels.shape) == (3, 30, 40)
+
+
+def test_sixteen_bit_images_are_scaled_not_clipped() -> None:
+    ramp = (np.arange(64 * 16, dtype=np.uint32).reshape(16, 64) * 64).astype(np.uint16)
+    pixels = decode(images.png(Image.fromarray(ramp)))
+    expected = np.round(ramp / 257).astype(np.int64)
+    assert np.abs(pixels[0].numpy().astype(np.int64) - expected).max() <= 1
+    assert pixels.float().mean() < 200  # a clipping conversion makes nearly all of it 255
+
+
+def test_cmyk_jpeg_matches_pillow() -> None:
+    cmyk = images.photo(48, 32).convert("CMYK")
+    pixels = decode(images.jpeg(cmyk))
+    reference = np.asarray(Image.open(__import__("io").BytesIO(images.jpeg(cmyk))).convert("RGB"))
+    assert np.abs(pixels.permute(1, 2, 0).numpy().astype(int) - reference).mean() < 2
+
+
+@pytest.mark.parametrize("fmt", ["JPEG", "PNG", "WEBP"])
+def test_exif_orientation_is_applied(fmt: str) -> None:
+    # A 60x40 image with a bright left edge; orientation 6 means "rotate 90 degrees clockwise".
+    source = Image.new("RGB", (60, 40), (0, 0, 0))
+    source.paste((255, 255, 255), (0, 0, 10, 40))
+    pixels = decode(images.with_exif_orientation(source, 6, fmt))
+    assert tuple(pixels.shape) == (3, 60, 40)  # upright: taller than wide
+    assert pixels[:, :5, :].float().mean() > 200  # the bright edge is now on top
+    assert pixels[:, -5:, :].float().mean() < 50
+
+
+@pytest.mark.parametrize(
+    "data",
+    [
+        images.jpeg()[:2000],  # truncated JPEG
+        images.jpeg()[:-200],
+        images.png()[:300],  # truncated PNG
+        images.png()[:40] + b"\x00" * 200 + images.png()[240:],  # corrupt PNG data (bad CRC)
+        images.webp()[:100],
+        images.encode(images.photo(), "GIF")[:200],
+    ],
+    ids=["jpeg-half", "jpeg-tail", "png-short", "png-crc", "webp-short", "gif-short"],
+)
+def test_truncated_and_corrupt_files_raise_invalid_image(data: bytes) -> None:
+    with pytest.raises(InvalidImageError) as raised:
+        prepare(data, TransformConfig())
+    assert "/" not in str(raised.value)  # no decoder source paths leak into messages
+
+
+# -- transforms ----------------------------------------------------------------------------
+
+
+def test_prepare_resizes_and_crops_to_the_model_input() -> None:
+    prepared = prepare(images.jpeg(images.photo(500, 375)), TransformConfig(160, 182))
+    assert prepared.pixels is not None
+    assert tuple(prepared.pixels.shape) == (3, 160, 160)
+    assert prepared.pixels.dtype == torch.uint8
+    assert prepared.decode_s > 0
+
+
+def test_jpeg_bytes_are_kept_for_a_device_decoder() -> None:
+    data = images.jpeg()
+    prepared = prepare(data, TransformConfig(), device_decodes_jpeg=True)
+    assert prepared.pixels is None
+    assert prepared.data == data
+    png = prepare(images.png(), TransformConfig(), device_decodes_jpeg=True)
+    assert png.pixels is not None  # only JPEG goes to the device decoder
+
+
+@pytest.mark.parametrize("size", [(500, 375), (375, 500), (1024, 200), (230, 230), (90, 120)])
+def test_matches_torchvision_weights_transforms(size: tuple[int, int]) -> None:
+    weights = ResNet50_Weights.IMAGENET1K_V2
+    preset = weights.transforms()
+    config = TransformConfig(
+        crop_size=preset.crop_size[0],
+        resize_size=preset.resize_size[0],
+        mean=tuple(preset.mean),
+        std=tuple(preset.std),
+    )
+    data = images.jpeg(images.photo(*size, seed=size[0]), quality=95)
+    prepared = prepare(data, config)
+    assert prepared.pixels is not None
+    ours = torch.empty(1, 3, config.crop_size, config.crop_size)
+    normalize_into([prepared.pixels], ours, config)
+
+    decoded = decode(data)
+    # Same decoded tensor through torchvision's own transform: the v1 transform resizes in
+    # float and rounds, the v2 kernel resizes uint8 directly, so pixels may differ by one level.
+    reference_tensor = preset(decoded).unsqueeze(0)
+    one_level = 1 / 255 / min(config.std) + 1e-4
+    assert (ours - reference_tensor).abs().max() <= one_level
+    assert (ours - reference_tensor).abs().mean() < one_level / 3
+    # From a PIL image (Pillow's resize): the same picture within a small tolerance.
+    reference_pil = preset(F.to_pil_image(decoded)).unsqueeze(0)
+    difference = (ours - reference_pil).abs()
+    assert difference.mean() < 0.02
+    assert difference.max() < 0.35
+
+
+def test_normalize_into_fills_a_channels_last_bf16_buffer_in_place() -> None:
+    config = TransformConfig(32, 36)
+    crops = [torch.full((3, 32, 32), value, dtype=torch.uint8) for value in (0, 255)]
+    out = torch.empty(4, 3, 32, 32, dtype=torch.bfloat16).contiguous(
+        memory_format=torch.channels_last
+    )
+    pointer = out.data_ptr()
+    filled = normalize_into(crops, out, config)
+    assert filled.shape[0] == 2
+    assert out.data_ptr() == pointer
+    assert out.is_contiguous(memory_format=torch.channels_last)
+    expected_black = -config.mean[0] / config.std[0]
+    assert float(out[0, 0, 0, 0]) == pytest.approx(expected_black, rel=1e-2)
+    expected_white = (1 - config.mean[2]) / config.std[2]
+    assert float(out[1, 2, 5, 5]) == pytest.approx(expected_white, rel=1e-2)
+
+
+def test_transform_config_is_validated() -> None:
+    with pytest.raises(ValueError, match="crop"):
+        TransformConfig(crop_size=300, resize_size=256)

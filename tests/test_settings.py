@@ -1,0 +1,75 @@
+"""Settings: environment variables, .env, validation messages, derived values."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from app.main import create_app
+from app.settings import SettingsError, load_settings
+
+
+def test_environment_variables_with_the_prefix(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("BATCHSERVE_MODEL", "resnet18")
+    monkeypatch.setenv("BATCHSERVE_MAX_BATCH_SIZE", "16")
+    monkeypatch.setenv("BATCHSERVE_PREFERRED_BATCH_SIZES", "4, 8")
+    monkeypatch.setenv("BATCHSERVE_LOG_LEVEL", "DEBUG")
+    monkeypatch.setenv("BATCHSERVE_API_KEY", "s3cret")
+    settings = load_settings()
+    assert settings.model == "resnet18"
+    assert settings.max_batch_size == 16
+    assert settings.preferred_batch_sizes == (4, 8)
+    assert settings.log_level == "debug"
+    assert settings.api_key is not None
+    assert "s3cret" not in repr(settings)
+
+
+def test_dotenv_file_is_read(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / ".env").write_text("BATCHSERVE_MODEL=mobilenet_v3_small\nBATCHSERVE_TOP_K=3\n")
+    settings = load_settings()
+    assert (settings.model, settings.top_k) == ("mobilenet_v3_small", 3)
+
+
+@pytest.mark.parametrize(
+    ("env", "expected"),
+    [
+        ({"BATCHSERVE_MAX_BATCH_SIZE": "0"}, "BATCHSERVE_MAX_BATCH_SIZE: Input should be greater"),
+        ({"BATCHSERVE_MAX_BATCH_SIZE": "many"}, "BATCHSERVE_MAX_BATCH_SIZE: Input should be a"),
+        ({"BATCHSERVE_PRECISION": "int4"}, "BATCHSERVE_PRECISION: Input should be 'auto'"),
+        ({"BATCHSERVE_DEVICE": "tpu"}, "BATCHSERVE_DEVICE: must be auto, cpu, cuda or cuda:N"),
+        ({"BATCHSERVE_PREFERRED_BATCH_SIZES": "8,x"}, "comma-separated list of integers"),
+        (
+            {"BATCHSERVE_PREFERRED_BATCH_SIZES": "8,64"},
+            "PREFERRED_BATCH_SIZES: 64 is not between 1 and MAX_BATCH_SIZE (32)",
+        ),
+        (
+            {"BATCHSERVE_IMAGE_SIZE": "300", "BATCHSERVE_RESIZE_SIZE": "256"},
+            "IMAGE_SIZE (300) cannot exceed RESIZE_SIZE (256)",
+        ),
+        ({"BATCHSERVE_LABELS": "/nonexistent/labels.txt"}, "no labels file at"),
+    ],
+)
+def test_invalid_settings_are_explained(
+    monkeypatch: pytest.MonkeyPatch, env: dict[str, str], expected: str
+) -> None:
+    for name, value in env.items():
+        monkeypatch.setenv(name, value)
+    with pytest.raises(SettingsError) as raised:
+        load_settings()
+    assert expected in str(raised.value)
+
+
+def test_create_app_exits_with_the_message(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("BATCHSERVE_MAX_QUEUE_SIZE", "0")
+    with pytest.raises(SystemExit, match="BATCHSERVE_MAX_QUEUE_SIZE"):
+        create_app()
+
+
+def test_window_defaults() -> None:
+    assert load_settings().queue_delay_s == pytest.approx(0.002)
+    assert load_settings(latency_slo_ms=200).queue_delay_s == pytest.approx(0.030)
+    assert load_settings(latency_slo_ms=200, max_queue_delay_ms=1).queue_delay_s == 0.001
+    config = load_settings(max_batch_size=16, preferred_batch_sizes="8").batch_config()
+    assert (config.max_batch_size, config.preferred_batch_sizes) == (16, (8,))
