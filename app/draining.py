@@ -62,10 +62,13 @@ class SigtermDrain:
             await asyncio.wait_for(self._server.idle.wait(), self._timeout_s)
         except TimeoutError:
             logger.warning(
-                "drain timeout (%.1fs): %d request(s) still in progress",
+                "drain timeout (%.1fs): failing %d request(s) still in progress with 503",
                 self._timeout_s,
                 self._server.active,
             )
+            # Answer what is left now, so that uvicorn need not wait for those connections.
+            if self._server.batcher is not None:
+                await self._server.batcher.aclose(drain_timeout=0)
         self._hand_over()
 
     def _hand_over(self) -> None:

@@ -315,3 +315,22 @@ async def test_api_key() -> None:
         assert (await client.get("/metrics")).status_code == 401
         auth = {"authorization": "Bearer letmein"}
         assert (await client.get("/metrics", headers=auth)).status_code == 200
+
+
+async def test_a_crashed_batching_loop_turns_readiness_off(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    async with serve(make_settings()) as (_, client):
+
+        def broken(*args: object, **kwargs: object) -> None:
+            raise RuntimeError("a bug in the dispatch rule")
+
+        monkeypatch.setattr("batching.batcher.decide", broken)
+        response = await client.post("/predict", content=images.jpeg(), headers=JPEG)
+        assert_error(response, 503, "not_ready")
+        ready = await client.get("/readyz")
+        assert ready.status_code == 503
+        assert ready.json()["reason"] == "the batcher has stopped"
+        again = await client.post("/predict", content=images.jpeg(), headers=JPEG)
+        assert_error(again, 503, "not_ready")
+        assert (await client.get("/healthz")).status_code == 200

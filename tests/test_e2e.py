@@ -160,3 +160,37 @@ def test_clients_that_hang_up_are_dropped_before_any_work() -> None:
         time.sleep(0.6)  # had they been dispatched, their batches would have finished by now
         assert scrape(server, 'batchserve_batches_total{result="ok"}') == 1
         assert scrape(server, "batchserve_batch_size_sum") == 1
+
+
+def test_drain_timeout_bounds_the_exit() -> None:
+    env = {
+        **SLOW_ENV,
+        "BATCHSERVE_TEST_SLOW_SECONDS": "1.5",
+        "BATCHSERVE_DRAIN_TIMEOUT_S": "0.5",
+    }
+    with UvicornProcess(env, startup_timeout=120) as server:
+
+        async def scenario() -> list[int]:
+            async with httpx.AsyncClient(base_url=server.url, timeout=30) as client:
+                pending = [
+                    asyncio.ensure_future(
+                        client.post("/predict", content=images.jpeg(), headers=JPEG)
+                    )
+                    for _ in range(3)
+                ]
+                await asyncio.to_thread(
+                    wait_for, lambda: scrape(server, "batchserve_queue_depth") == 2
+                )
+                server.terminate()
+                replies = await asyncio.gather(*pending)
+            return [reply.status_code for reply in replies]
+
+        started = time.monotonic()
+        statuses = asyncio.run(scenario())
+        code = server.wait(timeout=20)
+        elapsed = time.monotonic() - started
+        assert code in (0, -15), server.read_output()
+        # Everything still unfinished is answered 503 once the drain timeout passes. The
+        # running forward pass cannot be interrupted: the exit waits for it (one batch time).
+        assert statuses == [503, 503, 503]
+        assert elapsed < 0.5 + 1.5 + 3.0

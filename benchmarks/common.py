@@ -1,0 +1,92 @@
+"""Shared helpers for the benchmarks: machine description, statistics, result files."""
+
+from __future__ import annotations
+
+import contextlib
+import datetime as dt
+import json
+import os
+import platform
+import statistics
+import subprocess
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+RESULTS = Path(__file__).resolve().parent / "results"
+
+
+def machine() -> dict[str, Any]:
+    """What the numbers were measured on."""
+    info: dict[str, Any] = {
+        "date": dt.datetime.now(dt.UTC).strftime("%Y-%m-%d %H:%M UTC"),
+        "python": platform.python_version(),
+        "platform": platform.platform(),
+        "cpus": os.cpu_count(),
+        "cpu": _cpu_model(),
+    }
+    try:
+        import torch
+        import torchvision
+
+        info["torch"] = torch.__version__
+        info["torchvision"] = torchvision.__version__
+        info["torch_threads"] = torch.get_num_threads()
+        info["cuda"] = torch.cuda.get_device_name(0) if torch.cuda.is_available() else None
+    except ImportError:
+        pass
+    with contextlib.suppress(OSError, subprocess.CalledProcessError):
+        info["commit"] = subprocess.run(
+            ["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True, check=True
+        ).stdout.strip()
+    return info
+
+
+def _cpu_model() -> str:
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("model name"):
+                return line.split(":", 1)[1].strip()
+    except OSError:
+        pass
+    return platform.processor() or "unknown"
+
+
+def median(values: Sequence[float]) -> float:
+    return statistics.median(values) if values else float("nan")
+
+
+def percentile(values: Sequence[float], q: float) -> float:
+    """The q-th percentile (0..100), nearest-rank on sorted values."""
+    if not values:
+        return float("nan")
+    ordered = sorted(values)
+    rank = max(0, min(len(ordered) - 1, round(q / 100 * len(ordered) + 0.5) - 1))
+    return ordered[rank]
+
+
+def machine_markdown(info: dict[str, Any]) -> str:
+    keys = ("date", "cpu", "cpus", "torch_threads", "cuda", "python", "torch", "torchvision",
+            "platform", "commit")  # fmt: skip
+    return "\n".join(f"- {key}: {info[key]}" for key in keys if key in info)
+
+
+def write_results(name: str, data: dict[str, Any], markdown: str) -> tuple[Path, Path]:
+    """Write ``results/<name>.json`` and ``results/<name>.md``."""
+    RESULTS.mkdir(parents=True, exist_ok=True)
+    json_path = RESULTS / f"{name}.json"
+    md_path = RESULTS / f"{name}.md"
+    json_path.write_text(json.dumps(data, indent=2, default=str) + "\n")
+    md_path.write_text(markdown.rstrip() + "\n")
+    return json_path, md_path
+
+
+def table(headers: Sequence[str], rows: Sequence[Sequence[Any]]) -> str:
+    def cell(value: Any) -> str:
+        if isinstance(value, float):
+            return f"{value:.3g}" if abs(value) < 100 else f"{value:.0f}"
+        return str(value)
+
+    lines = ["| " + " | ".join(headers) + " |", "|" + "---|" * len(headers)]
+    lines += ["| " + " | ".join(cell(value) for value in row) + " |" for row in rows]
+    return "\n".join(lines)
