@@ -60,7 +60,7 @@ def _lifespan(server: ServerState):  # type: ignore[no-untyped-def]
         config = settings.batch_config()
         # Loading and warm-up take seconds: keep them off the event loop.
         engine = await asyncio.to_thread(build_engine, settings, metrics)
-        warmup = await asyncio.to_thread(engine.warmup, config.batch_buckets)
+        warmup = await asyncio.to_thread(engine.warmup)
         timings = ExecutionTimeModel()
         for size, seconds in warmup.items():
             timings.observe(size, seconds)
@@ -68,6 +68,8 @@ def _lifespan(server: ServerState):  # type: ignore[no-untyped-def]
         batcher.start()
         metrics.track(lambda: batcher.queue_depth, lambda: batcher.inflight_batches)
         metrics.model_info.labels(engine.name, str(engine.device), engine.precision).set(1)
+        if engine.device.type == "cuda":
+            metrics.track_cuda(engine.device)
         decode_pool = ThreadPoolExecutor(settings.decode_threads, thread_name_prefix="decode")
         server.engine, server.batcher, server.decode_pool = engine, batcher, decode_pool
         server.ready = True

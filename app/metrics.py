@@ -7,6 +7,7 @@ from __future__ import annotations
 
 from collections.abc import Callable, Sequence
 
+import torch
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
 from prometheus_client.process_collector import ProcessCollector
 
@@ -122,6 +123,28 @@ class Metrics(BatchObserver):
         """Read the batcher's gauges at scrape time rather than on every request."""
         self.queue_depth.set_function(queue_depth)
         self.inflight_batches.set_function(inflight)
+
+    def track_cuda(self, device: torch.device) -> None:
+        """GPU memory from PyTorch's allocator; utilisation from NVML when it is installed."""
+        r = self.registry
+        Gauge(
+            "batchserve_gpu_memory_allocated_bytes", "Memory held by tensors", registry=r
+        ).set_function(lambda: torch.cuda.memory_allocated(device))
+        Gauge(
+            "batchserve_gpu_memory_reserved_bytes",
+            "Memory held by the caching allocator",
+            registry=r,
+        ).set_function(lambda: torch.cuda.memory_reserved(device))
+        try:
+            import pynvml
+
+            pynvml.nvmlInit()
+            handle = pynvml.nvmlDeviceGetHandleByIndex(device.index or 0)
+        except Exception:  # no NVML (nvidia-ml-py not installed, or no driver access)
+            return
+        Gauge(
+            "batchserve_gpu_utilization_ratio", "NVML: share of time a kernel ran", registry=r
+        ).set_function(lambda: pynvml.nvmlDeviceGetUtilizationRates(handle).gpu / 100)
 
     def observe_stage(self, stage: str, seconds: float) -> None:
         self._stage_children[stage].observe(seconds)

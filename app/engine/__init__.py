@@ -2,7 +2,12 @@
 
 from __future__ import annotations
 
-from app.engine.device import DeviceError, resolve_device, resolve_precision
+from app.engine.device import (
+    DeviceError,
+    resolve_decode_device,
+    resolve_device,
+    resolve_precision,
+)
 from app.engine.engine import InferenceEngine, InferenceRequest, Prediction
 from app.engine.loading import LoadedModel, ModelLoadError, load_model
 from app.metrics import Metrics
@@ -35,4 +40,16 @@ def build_engine(settings: Settings, metrics: Metrics | None = None) -> Inferenc
     limits = ImageLimits(
         max_pixels=settings.max_image_pixels, resize_size=loaded.transform.resize_size
     )
-    return InferenceEngine(loaded, device, dtype, limits=limits, metrics=metrics)
+    config = settings.batch_config()
+    return InferenceEngine(
+        loaded,
+        device,
+        dtype,
+        limits=limits,
+        metrics=metrics,
+        max_batch_size=config.max_batch_size,
+        buckets=config.batch_buckets,
+        max_inflight_batches=config.max_inflight_batches,
+        decode_on_device=resolve_decode_device(settings.decode_device, device),
+        cuda_graphs=settings.cuda_graphs,
+    )

@@ -47,3 +47,12 @@ def resolve_precision(setting: str, device: torch.device) -> torch.dtype:
     if dtype is torch.bfloat16 and device.type == "cuda" and not torch.cuda.is_bf16_supported():
         raise DeviceError("BATCHSERVE_PRECISION=bf16 but this GPU has no bf16 support")
     return dtype
+
+
+def resolve_decode_device(setting: str, device: torch.device) -> bool:
+    """Whether JPEGs are decoded on the model's device (nvjpeg) rather than the CPU."""
+    if setting == "cuda" and device.type != "cuda":
+        raise DeviceError("BATCHSERVE_DECODE_DEVICE=cuda needs the model on a CUDA device")
+    if setting == "auto":
+        return device.type == "cuda"
+    return setting == "cuda"
