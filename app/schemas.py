@@ -46,6 +46,8 @@ class ModelInfo(BaseModel):
     weights: str
     device: str
     precision: str
+    compile: str
+    cuda_graphs: bool
     input_shape: list[int]
     resize_size: int
     num_classes: int

@@ -39,6 +39,7 @@ class Settings(BaseSettings):
     image_size: int | None = Field(None, ge=8, le=4096)
     resize_size: int | None = Field(None, ge=8, le=8192)
     cuda_graphs: bool = False
+    compile: Literal["auto", "none", "torchscript", "inductor"] = "auto"
 
     # Batching
     max_batch_size: int = Field(32, ge=1, le=4096)

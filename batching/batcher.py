@@ -3,12 +3,13 @@
 from __future__ import annotations
 
 import asyncio
+import heapq
+import itertools
 import logging
 import math
 from collections import deque
 from collections.abc import Callable, Sequence
 from concurrent.futures import ThreadPoolExecutor
-from functools import partial
 from typing import Generic, TypeVar
 
 from batching.clock import Cancellable, Clock, LoopClock
@@ -29,7 +30,7 @@ _NEVER = math.inf
 
 
 class _Request(Generic[T, R]):
-    __slots__ = ("arrival", "deadline", "future", "item", "queued", "timer")
+    __slots__ = ("arrival", "deadline", "future", "item", "queued")
 
     def __init__(
         self, item: T, future: asyncio.Future[R], arrival: float, deadline: float | None
@@ -39,7 +40,6 @@ class _Request(Generic[T, R]):
         self.arrival = arrival
         self.deadline = deadline
         self.queued = True
-        self.timer: Cancellable | None = None
 
 
 class DynamicBatcher(Generic[T, R]):
@@ -75,6 +75,11 @@ class DynamicBatcher(Generic[T, R]):
         self._closing = False
         self._closed = asyncio.Event()
         self._failure: BaseException | None = None
+        # One timer for the earliest deadline, not one per request: a heap of deadlines.
+        self._deadlines: list[tuple[float, int, _Request[T, R]]] = []
+        self._deadline_sequence = itertools.count()
+        self._deadline_timer: Cancellable | None = None
+        self._deadline_timer_at = _NEVER
 
     # -- state ---------------------------------------------------------------------------
 
@@ -138,6 +143,8 @@ class DynamicBatcher(Generic[T, R]):
             self._loop_task.cancel()
             await asyncio.gather(self._loop_task, return_exceptions=True)
         self._fail_queued(error)
+        if self._deadline_timer is not None:
+            self._deadline_timer.cancel()
         executions = set(self._executions)
         for task in executions:
             task.cancel()
@@ -171,7 +178,7 @@ class DynamicBatcher(Generic[T, R]):
         future: asyncio.Future[R] = asyncio.get_running_loop().create_future()
         request = _Request(item, future, now, deadline)
         if deadline is not None:
-            request.timer = self._clock.call_at(deadline, partial(self._expire, request))
+            self._watch_deadline(request, deadline)
         self._queue.append(request)
         self._waiting += 1
         if self._waiting >= self._wake_count:
@@ -182,8 +189,6 @@ class DynamicBatcher(Generic[T, R]):
             if request.queued:
                 self._dequeue(request)
                 self._observer.on_drop("cancelled", self._clock.now() - request.arrival)
-            if request.timer is not None:
-                request.timer.cancel()
             raise
 
     def _closed_reason(self) -> str:
@@ -203,6 +208,30 @@ class DynamicBatcher(Generic[T, R]):
     def _dequeue(self, request: _Request[T, R]) -> None:
         request.queued = False
         self._waiting -= 1
+
+    def _watch_deadline(self, request: _Request[T, R], deadline: float) -> None:
+        heap = self._deadlines
+        while heap and heap[0][2].future.done():  # finished requests leave from the top
+            heapq.heappop(heap)
+        heapq.heappush(heap, (deadline, next(self._deadline_sequence), request))
+        if deadline < self._deadline_timer_at:
+            self._arm_deadline_timer(deadline)
+
+    def _arm_deadline_timer(self, when: float) -> None:
+        if self._deadline_timer is not None:
+            self._deadline_timer.cancel()
+        self._deadline_timer_at = when
+        self._deadline_timer = self._clock.call_at(when, self._deadlines_due)
+
+    def _deadlines_due(self) -> None:
+        self._deadline_timer, self._deadline_timer_at = None, _NEVER
+        now = self._clock.now()
+        heap = self._deadlines
+        while heap and (heap[0][0] <= now or heap[0][2].future.done()):
+            _, _, request = heapq.heappop(heap)
+            self._expire(request)
+        if heap:
+            self._arm_deadline_timer(heap[0][0])
 
     def _expire(self, request: _Request[T, R]) -> None:
         if request.future.done():
@@ -335,8 +364,6 @@ class DynamicBatcher(Generic[T, R]):
 
     @staticmethod
     def _settle(request: _Request[T, R], outcome: R | BaseException) -> None:
-        if request.timer is not None:
-            request.timer.cancel()
         if request.future.done():
             return  # cancelled, or failed by its deadline: the result is discarded
         if isinstance(outcome, BaseException):

@@ -61,6 +61,7 @@ class Slow(nn.Module):
     """Takes ``Slow.seconds`` per forward pass, like a big model on a small machine.
 
     Zero by default so that loading and warm-up stay fast; tests raise it once serving.
+    Serve it with ``COMPILE=none``: tracing keeps tensor operations only, not the sleep.
     """
 
     seconds = 0.0
@@ -86,3 +87,21 @@ def slow_from_env() -> nn.Module:
 
     Slow.seconds = float(os.environ.get("BATCHSERVE_TEST_SLOW_SECONDS", "0"))
     return Slow()
+
+
+class Untraceable(ColorClassifier):
+    """Refuses to be traced, like a model with Python-side logic."""
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        if torch.jit.is_tracing():  # type: ignore[attr-defined,no-untyped-call]
+            raise RuntimeError("this model cannot be traced")
+        return super().forward(x)
+
+
+class TracesDifferently(ColorClassifier):
+    """Gives other answers once traced: the check against eager must catch it."""
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        logits = super().forward(x)
+        tracing = torch.jit.is_tracing()  # type: ignore[attr-defined,no-untyped-call]
+        return logits * 3 if tracing else logits

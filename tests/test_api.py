@@ -247,7 +247,8 @@ async def test_unknown_route_and_method(client: httpx.AsyncClient) -> None:
 async def test_model_failure_is_a_500_for_that_batch_only(
     caplog: pytest.LogCaptureFixture,
 ) -> None:
-    settings = make_settings(model="tests.models:exploding")
+    # A traced model would lose the Python-level switch that injects the failure.
+    settings = make_settings(model="tests.models:exploding", compile="none")
     async with serve(settings) as (_, client):
         Exploding.fail_next = 1
         with caplog.at_level(logging.ERROR, logger="batchserve"):
@@ -266,7 +267,11 @@ async def test_model_failure_is_a_500_for_that_batch_only(
 
 async def test_full_queue_answers_503_with_retry_after(slow_model: type[Slow]) -> None:
     settings = make_settings(
-        model="tests.models:slow", max_batch_size=1, max_inflight_batches=1, max_queue_size=1
+        model="tests.models:slow",
+        max_batch_size=1,
+        max_inflight_batches=1,
+        max_queue_size=1,
+        compile="none",
     )
     async with serve(settings) as (_, client):
         slow_model.seconds = 0.3
@@ -285,7 +290,7 @@ async def test_full_queue_answers_503_with_retry_after(slow_model: type[Slow]) -
 
 
 async def test_request_deadline_is_a_504(slow_model: type[Slow]) -> None:
-    async with serve(make_settings(model="tests.models:slow")) as (_, client):
+    async with serve(make_settings(model="tests.models:slow", compile="none")) as (_, client):
         slow_model.seconds = 0.5
         response = await client.post(
             "/predict", content=images.jpeg(), headers={**JPEG, "x-request-timeout-ms": "100"}

@@ -11,8 +11,8 @@ from collections.abc import Callable
 import httpx
 import pytest
 
+from benchmarks.servers import UvicornProcess
 from tests import images
-from tests.server import UvicornProcess
 
 pytestmark = [pytest.mark.e2e, pytest.mark.slow]
 
@@ -28,6 +28,7 @@ SLOW_ENV = {
     "BATCHSERVE_MODEL": "tests.models:slow_from_env",
     "BATCHSERVE_MAX_BATCH_SIZE": "1",
     "BATCHSERVE_MAX_INFLIGHT_BATCHES": "1",
+    "BATCHSERVE_COMPILE": "none",  # tracing would drop the model's sleep
 }
 
 

@@ -12,10 +12,12 @@ from torchvision.models import MobileNet_V3_Small_Weights, get_model
 
 from app.engine import InferenceEngine, InferenceRequest, ModelLoadError, load_model
 from app.engine import device as device_module
+from app.engine.compile import optimize, resolve_compile
 from app.engine.device import DeviceError, resolve_device, resolve_precision
 from preprocessing import ImageFormat, ImageHeader, PreparedImage, TransformConfig, prepare
 from tests import images
 from tests.conftest import COLOR_MODEL
+from tests.models import TracesDifferently, Untraceable
 
 SMALL = "mobilenet_v3_small"
 
@@ -236,3 +238,66 @@ def test_warmup_runs_every_bucket() -> None:
     timings = engine.warmup((1, 2, 4, 8))
     assert sorted(timings) == [1, 2, 4, 8]
     assert all(seconds > 0 for seconds in timings.values())
+
+
+# -- compilation ---------------------------------------------------------------------------
+
+
+def probe_batch() -> torch.Tensor:
+    return torch.randn(2, 3, 64, 64, generator=torch.Generator().manual_seed(3))
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_torchscript_gives_the_eager_answers(dtype: torch.dtype) -> None:
+    model = get_model(SMALL, weights=None).eval().to(dtype)
+    batch = probe_batch().to(dtype)
+    compiled, mode = optimize(model, "torchscript", batch)
+    assert mode == "torchscript"
+    assert isinstance(compiled, torch.jit.ScriptModule)
+    other = torch.randn(3, 3, 64, 64).to(dtype)  # another batch size works too
+    with torch.inference_mode():
+        expected, got = model(other).float(), compiled(other).float()
+    assert (got - expected).abs().max() <= 0.06 * expected.abs().max()
+
+
+def test_untraceable_or_diverging_models_are_served_eagerly(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    for model in (Untraceable(), TracesDifferently()):
+        with caplog.at_level(logging.WARNING, logger="batchserve"):
+            served, mode = optimize(model.eval(), "torchscript", probe_batch())
+        assert served is model
+        assert mode == "none"
+    assert "cannot be traced" in caplog.text
+    assert "differs from the eager one" in caplog.text
+
+
+def test_compile_auto_choice() -> None:
+    assert resolve_compile("auto", torch.device("cpu")) == "torchscript"
+    assert resolve_compile("auto", torch.device("cuda")) == "none"
+    assert resolve_compile("inductor", torch.device("cpu")) == "inductor"
+
+
+def test_engine_reports_the_compile_mode_it_serves_with() -> None:
+    loaded = load_model(COLOR_MODEL, "none")
+    engine = InferenceEngine(loaded, torch.device("cpu"), torch.float32, compile_mode="torchscript")
+    assert engine.compile_mode == "torchscript"
+    (result,) = engine.run_batch([request(1)])
+    assert not isinstance(result, BaseException)
+
+
+@pytest.mark.slow
+def test_inductor_compiles_and_pads_to_buckets() -> None:
+    loaded = load_model(COLOR_MODEL, "none")
+    engine = InferenceEngine(
+        loaded, torch.device("cpu"), torch.float32, max_batch_size=4, buckets=(2, 4),
+        compile_mode="inductor",
+    )  # fmt: skip
+    assert engine.compile_mode == "inductor"
+    assert engine.pads_to_buckets
+    eager = make_engine()
+    batch = [request(seed) for seed in range(3)]  # padded to the bucket of 4
+    for a, b in zip(engine.run_batch(batch), eager.run_batch(batch), strict=True):
+        assert not isinstance(a, BaseException)
+        assert not isinstance(b, BaseException)
+        assert [c["index"] for c in a.classes] == [c["index"] for c in b.classes]

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from app.engine.compile import resolve_compile
 from app.engine.device import (
     DeviceError,
     resolve_decode_device,
@@ -23,6 +24,9 @@ __all__ = [
     "Prediction",
     "build_engine",
     "load_model",
+    "resolve_decode_device",
+    "resolve_device",
+    "resolve_precision",
 ]
 
 
@@ -52,4 +56,5 @@ def build_engine(settings: Settings, metrics: Metrics | None = None) -> Inferenc
         max_inflight_batches=config.max_inflight_batches,
         decode_on_device=resolve_decode_device(settings.decode_device, device),
         cuda_graphs=settings.cuda_graphs,
+        compile_mode=resolve_compile(settings.compile, device),
     )

@@ -13,6 +13,7 @@ import torch
 from PIL import Image
 from torch.profiler import record_function
 
+from app.engine.compile import optimize
 from app.engine.device import NAMES
 from app.engine.graphs import CudaGraphs, bucket_for
 from app.engine.loading import LoadedModel
@@ -83,24 +84,28 @@ class InferenceEngine:
         max_inflight_batches: int = 2,
         decode_on_device: bool = False,
         cuda_graphs: bool = False,
+        compile_mode: str = "none",
     ) -> None:
         self.name = loaded.name
         self.weights = loaded.weights
+        self.max_batch_size = max_batch_size
         self.labels = loaded.labels
         self.transform = loaded.transform
         self.device = device
         self.dtype = dtype
         self.limits = limits or ImageLimits(resize_size=loaded.transform.resize_size)
         self.decode_on_device = decode_on_device
-        self.max_batch_size = max_batch_size
         self.buckets = tuple(sorted(set(buckets or (max_batch_size,)) | {max_batch_size}))
-        # Fixed shapes on a GPU (cuDNN autotuning, CUDA graphs); exact sizes on a CPU, where
-        # padding would cost real compute.
-        self.pads_to_buckets = device.type == "cuda"
+        # Fixed shapes on a GPU (cuDNN autotuning, CUDA graphs) and for compiled kernels; exact
+        # sizes on a CPU otherwise, where padding would cost real compute.
+        self.pads_to_buckets = device.type == "cuda" or compile_mode == "inductor"
         self._metrics = metrics
-        self._model = loaded.module.to(device=device, dtype=dtype)
-        self._model.to(memory_format=torch.channels_last)
-        self._model.eval()
+        model = loaded.module.to(device=device, dtype=dtype)
+        model.to(memory_format=torch.channels_last)
+        model.eval()
+        probe = torch.zeros((2, *self.input_shape), dtype=dtype, device=device)
+        probe = probe.contiguous(memory_format=torch.channels_last)
+        self._model, self.compile_mode = optimize(model, compile_mode, probe)
         self._streams = streams_for(device)
         self._slots = PinnedStaging(self._make_slot, size=max_inflight_batches)
         self._execute_lock = threading.Lock()
@@ -120,6 +125,11 @@ class InferenceEngine:
     def input_shape(self) -> tuple[int, int, int]:
         size = self.transform.crop_size
         return (3, size, size)
+
+    @property
+    def model(self) -> torch.nn.Module:
+        """The model as it runs: on the device, in its precision, channels_last."""
+        return self._model
 
     @property
     def graph_buckets(self) -> list[int]:

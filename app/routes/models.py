@@ -28,6 +28,8 @@ async def list_models(request: Request) -> Response:
         "weights": engine.weights,
         "device": str(engine.device),
         "precision": engine.precision,
+        "compile": engine.compile_mode,
+        "cuda_graphs": bool(engine.graph_buckets),
         "input_shape": list(engine.input_shape),
         "resize_size": transform.resize_size,
         "num_classes": engine.num_classes,

@@ -1,4 +1,4 @@
-"""A real uvicorn process for end-to-end tests."""
+"""A real uvicorn process, for end-to-end tests and benchmarks."""
 
 from __future__ import annotations
 
@@ -25,20 +25,31 @@ def free_port() -> int:
 
 
 class UvicornProcess:
-    """``python -m uvicorn app.main:app`` with ``BATCHSERVE_*`` settings from ``env``."""
+    """``python -m uvicorn <app>`` with ``BATCHSERVE_*`` settings from ``env``.
 
-    def __init__(self, env: dict[str, str], startup_timeout: float = 120.0) -> None:
+    Ready when ``ready_path`` answers 200.
+    """
+
+    def __init__(
+        self,
+        env: dict[str, str],
+        startup_timeout: float = 120.0,
+        app: str = "app.main:app",
+        ready_path: str = "/readyz",
+    ) -> None:
         self.port = free_port()
         self.url = f"http://127.0.0.1:{self.port}"
         self._env = {**os.environ, "PYTHONPATH": str(ROOT), **env}
         self._startup_timeout = startup_timeout
+        self._app = app
+        self._ready_path = ready_path
         self.process: subprocess.Popen[bytes] | None = None
         # A file, not a pipe: an unread pipe fills up and blocks the server's logging.
         self._log = tempfile.TemporaryFile()  # noqa: SIM115 - closed in stop()
 
     def __enter__(self) -> UvicornProcess:
         command = [
-            sys.executable, "-m", "uvicorn", "app.main:app",
+            sys.executable, "-m", "uvicorn", self._app,
             "--host", "127.0.0.1", "--port", str(self.port), "--no-access-log",
         ]  # fmt: skip
         self.process = subprocess.Popen(
@@ -49,7 +60,7 @@ class UvicornProcess:
             if self.process.poll() is not None:
                 raise RuntimeError(f"uvicorn exited early:\n{self.read_output()}")
             try:
-                if httpx.get(f"{self.url}/readyz", timeout=1).status_code == 200:
+                if httpx.get(f"{self.url}{self._ready_path}", timeout=1).status_code == 200:
                     return self
             except httpx.TransportError:
                 pass

@@ -1,0 +1,172 @@
+"""Side by side, in one run: the offline limit, batchserve, batchserve unbatched, and the naive
+hand-written FastAPI endpoint, at many clients and at one.
+
+Rounds are interleaved (every configuration once per round) and the report gives medians, so
+a machine that drifts over minutes shifts all columns alike and the ratios stay honest.
+
+- offline: the pipelined limit of ``benchmarks.offline`` (no HTTP) at the server's batch size;
+- batched: ``app.main:app`` with the given ``MAX_BATCH_SIZE``;
+- unbatched: the same server with ``MAX_BATCH_SIZE=1``;
+- naive: ``benchmarks.naive_app`` (decode + forward per request in a thread pool).
+
+Usage: ``python -m benchmarks.compare --model resnet18 --batch-size 16 --rounds 3``
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import os
+from concurrent.futures import ThreadPoolExecutor
+from contextlib import ExitStack
+from pathlib import Path
+from typing import Any
+
+from benchmarks.common import machine, machine_markdown, median, table, write_results
+from benchmarks.corpus import corpus
+from benchmarks.loadgen import LoadSpec, run_url
+from benchmarks.offline import make_engine, pipelined, sequential
+from benchmarks.servers import UvicornProcess
+
+
+def server_env(model: str, precision: str, batch_size: int, **extra: str) -> dict[str, str]:
+    return {
+        "BATCHSERVE_MODEL": model,
+        "BATCHSERVE_WEIGHTS": "none",
+        "BATCHSERVE_PRECISION": precision,
+        "BATCHSERVE_MAX_BATCH_SIZE": str(batch_size),
+        "BATCHSERVE_LOG_LEVEL": "warning",
+        **extra,
+    }
+
+
+def load(url: str, images: list[bytes], clients: int, args: argparse.Namespace) -> dict[str, Any]:
+    spec = LoadSpec(concurrency=clients, warmup_s=args.warmup, duration_s=args.duration)
+    return asyncio.run(run_url(url, images, spec))
+
+
+def run(args: argparse.Namespace) -> dict[str, Any]:
+    images = corpus(args.images, 64)
+    extra = {f"BATCHSERVE_{k.upper()}": v for k, v in (item.split("=", 1) for item in args.set)}
+    samples: dict[str, list[dict[str, Any]]] = {}
+
+    def add(name: str, result: dict[str, Any]) -> None:
+        samples.setdefault(name, []).append(result)
+        print(f"  {name}: {result['throughput']:.1f} images/s, "
+              f"p50 {result['latency_ms']['p50']:.0f} ms", flush=True)  # fmt: skip
+
+    engine = make_engine(args.model, args.precision, args.batch_size)
+    with ExitStack() as stack, ThreadPoolExecutor(os.cpu_count() or 1) as pool:
+        env = server_env(args.model, args.precision, args.batch_size, **extra)
+        servers = {
+            "batched": stack.enter_context(UvicornProcess(env)),
+            "unbatched": stack.enter_context(
+                UvicornProcess({**env, "BATCHSERVE_MAX_BATCH_SIZE": "1"})
+            ),
+            "naive": stack.enter_context(
+                UvicornProcess(env, app="benchmarks.naive_app:app", ready_path="/docs")
+            ),
+        }
+        for round_index in range(args.rounds):
+            print(f"round {round_index + 1}/{args.rounds}", flush=True)
+            limit = pipelined(engine, images, args.batch_size, args.duration, pool)
+            plain = sequential(engine, images, args.batch_size, args.duration, pool)
+            add("offline", {"throughput": limit, "latency_ms": {"p50": float("nan")}})
+            add("offline_sequential", {"throughput": plain, "latency_ms": {"p50": float("nan")}})
+            for name, server in servers.items():
+                add(f"{name}@{args.clients}", load(server.url, images, args.clients, args))
+            for name, server in servers.items():
+                add(f"{name}@1", load(server.url, images, 1, args))
+    return summarize(args, samples)
+
+
+def summarize(args: argparse.Namespace, samples: dict[str, list[dict[str, Any]]]) -> dict[str, Any]:
+    def throughput(name: str) -> float:
+        return median([result["throughput"] for result in samples[name]])
+
+    def latency(name: str, q: str) -> float:
+        return median([result["latency_ms"][q] for result in samples[name]])
+
+    many = args.clients
+    medians = {
+        name: {
+            "throughput": throughput(name),
+            "p50_ms": latency(name, "p50"),
+            "p99_ms": latency(name, "p99") if "@" in name else float("nan"),
+            "mean_batch": median([r.get("server", {}).get("mean_batch_size", 0) for r in results]),
+            "loadgen_cores": median([r.get("client_cpu_cores", 0.0) for r in results]),
+        }
+        for name, results in samples.items()
+    }
+    ratios = {
+        "served_vs_offline_pipelined": throughput(f"batched@{many}") / throughput("offline"),
+        "offline_pipelined_vs_sequential": throughput("offline") / throughput("offline_sequential"),
+        "batched_vs_unbatched": throughput(f"batched@{many}") / throughput(f"unbatched@{many}"),
+        "batched_vs_naive": throughput(f"batched@{many}") / throughput(f"naive@{many}"),
+        "one_client_p50_batched_vs_unbatched": latency("batched@1", "p50")
+        / latency("unbatched@1", "p50"),
+        "one_client_p50_batched_vs_naive": latency("batched@1", "p50") / latency("naive@1", "p50"),
+    }
+    return {
+        "machine": machine(),
+        "model": args.model,
+        "precision": args.precision,
+        "batch_size": args.batch_size,
+        "clients": many,
+        "rounds": args.rounds,
+        "duration_s": args.duration,
+        "settings": args.set,
+        "medians": medians,
+        "ratios": ratios,
+        "samples": samples,
+    }
+
+
+def markdown(data: dict[str, Any]) -> str:
+    rows = [
+        [name, m["throughput"], m["p50_ms"], m["p99_ms"], m["mean_batch"], m["loadgen_cores"]]
+        for name, m in data["medians"].items()
+    ]
+    ratio_rows = [[name.replace("_", " "), value] for name, value in data["ratios"].items()]
+    settings = ", ".join(data["settings"]) or "defaults"
+    return f"""# Served vs offline, batched vs unbatched: {data["model"]} {data["precision"]}
+
+`python -m benchmarks.compare --model {data["model"]} --precision {data["precision"]} \\
+--batch-size {data["batch_size"]} --clients {data["clients"]} --rounds {data["rounds"]}`
+(server settings: {settings}). Medians of {data["rounds"]} interleaved rounds of
+{data["duration_s"]} s per configuration. Closed-loop clients; the load generator runs on the
+same machine (its CPU use is shown).
+
+{table(["configuration", "images/s", "p50 ms", "p99 ms", "mean batch", "loadgen cores"], rows)}
+
+{table(["ratio", "value"], ratio_rows)}
+
+## Machine
+
+{machine_markdown(data["machine"])}
+"""
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--model", default="resnet18")
+    parser.add_argument("--precision", default="bf16")
+    parser.add_argument("--batch-size", type=int, default=16)
+    parser.add_argument("--clients", type=int, default=64)
+    parser.add_argument("--rounds", type=int, default=3)
+    parser.add_argument("--duration", type=float, default=10.0)
+    parser.add_argument("--warmup", type=float, default=3.0)
+    parser.add_argument("--images", type=Path)
+    parser.add_argument(
+        "--set", nargs="*", default=[], help="extra settings, e.g. max_inflight_batches=1"
+    )
+    parser.add_argument("--name", help="results/<name>.md (default: compare-<model>)")
+    args = parser.parse_args()
+    data = run(args)
+    text = markdown(data)
+    print(text)
+    write_results(args.name or f"compare-{args.model}", data, text)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,62 @@
+"""Read batchserve's /metrics and turn two scrapes into what happened between them."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+from prometheus_client.parser import text_string_to_metric_families
+
+Samples = dict[tuple[str, tuple[tuple[str, str], ...]], float]
+
+
+def parse(text: str) -> Samples:
+    samples: Samples = {}
+    for family in text_string_to_metric_families(text):
+        for sample in family.samples:
+            samples[(sample.name, tuple(sorted(sample.labels.items())))] = sample.value
+    return samples
+
+
+def value(samples: Samples, name: str, **labels: str) -> float:
+    return samples.get((name, tuple(sorted(labels.items()))), 0.0)
+
+
+@dataclass
+class ServerDelta:
+    """Server-side view of a load run, from the difference of two scrapes."""
+
+    before: Samples
+    after: Samples
+    seconds: float
+
+    def delta(self, name: str, **labels: str) -> float:
+        return value(self.after, name, **labels) - value(self.before, name, **labels)
+
+    def summary(self) -> dict[str, Any]:
+        batches = self.delta("batchserve_batch_size_count")
+        requests = self.delta("batchserve_batch_size_sum")
+        waits = self.delta("batchserve_queue_wait_seconds_count")
+        stages: dict[str, float] = {}
+        for (name, labels), _ in self.after.items():
+            if name == "batchserve_stage_seconds_count":
+                stage = dict(labels)["stage"]
+                count = self.delta("batchserve_stage_seconds_count", stage=stage)
+                if count:
+                    total = self.delta("batchserve_stage_seconds_sum", stage=stage)
+                    stages[stage] = total / count
+        busy = self.delta("batchserve_device_busy_seconds_total")
+        return {
+            "batches": batches,
+            "mean_batch_size": requests / batches if batches else 0.0,
+            "mean_queue_wait_ms": (
+                1000 * self.delta("batchserve_queue_wait_seconds_sum") / waits if waits else 0.0
+            ),
+            "mean_stage_ms": {stage: seconds * 1000 for stage, seconds in stages.items()},
+            "device_busy_ratio": busy / self.seconds if self.seconds else 0.0,
+            "outcomes": {
+                dict(labels)["outcome"]: self.delta(name, **dict(labels))
+                for (name, labels) in self.after
+                if name == "batchserve_requests_total" and self.delta(name, **dict(labels))
+            },
+        }
