@@ -22,6 +22,7 @@ from contextlib import ExitStack
 from pathlib import Path
 from typing import Any
 
+from benchmarks import wrk
 from benchmarks.common import machine, machine_markdown, median, table, write_results
 from benchmarks.corpus import corpus
 from benchmarks.loadgen import LoadSpec, run_url
@@ -41,6 +42,8 @@ def server_env(model: str, precision: str, batch_size: int, **extra: str) -> dic
 
 
 def load(url: str, images: list[bytes], clients: int, args: argparse.Namespace) -> dict[str, Any]:
+    if args.client == "wrk":
+        return wrk.run(url, images, clients, args.warmup, args.duration)
     spec = LoadSpec(concurrency=clients, warmup_s=args.warmup, duration_s=args.duration)
     return asyncio.run(run_url(url, images, spec))
 
@@ -116,6 +119,7 @@ def summarize(args: argparse.Namespace, samples: dict[str, list[dict[str, Any]]]
         "rounds": args.rounds,
         "duration_s": args.duration,
         "settings": args.set,
+        "client": args.client,
         "medians": medians,
         "ratios": ratios,
         "samples": samples,
@@ -132,10 +136,11 @@ def markdown(data: dict[str, Any]) -> str:
     return f"""# Served vs offline, batched vs unbatched: {data["model"]} {data["precision"]}
 
 `python -m benchmarks.compare --model {data["model"]} --precision {data["precision"]} \\
---batch-size {data["batch_size"]} --clients {data["clients"]} --rounds {data["rounds"]}`
+--batch-size {data["batch_size"]} --clients {data["clients"]} --rounds {data["rounds"]} \\
+--client {data["client"]}`
 (server settings: {settings}). Medians of {data["rounds"]} interleaved rounds of
-{data["duration_s"]} s per configuration. Closed-loop clients; the load generator runs on the
-same machine (its CPU use is shown).
+{data["duration_s"]} s per configuration. Closed-loop clients driven by {data["client"]}, on the
+same machine as the server (the cores it used are shown).
 
 {table(["configuration", "images/s", "p50 ms", "p99 ms", "mean batch", "loadgen cores"], rows)}
 
@@ -161,7 +166,15 @@ def main() -> None:
         "--set", nargs="*", default=[], help="extra settings, e.g. max_inflight_batches=1"
     )
     parser.add_argument("--name", help="results/<name>.md (default: compare-<model>)")
+    parser.add_argument(
+        "--client",
+        choices=["auto", "wrk", "httpx"],
+        default="auto",
+        help="load generator: wrk (C, light) or the httpx one; auto prefers wrk",
+    )
     args = parser.parse_args()
+    if args.client == "auto":
+        args.client = "wrk" if wrk.available() else "httpx"
     data = run(args)
     text = markdown(data)
     print(text)
