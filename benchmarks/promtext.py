@@ -46,6 +46,16 @@ class ServerDelta:
                     total = self.delta("batchserve_stage_seconds_sum", stage=stage)
                     stages[stage] = total / count
         busy = self.delta("batchserve_device_busy_seconds_total")
+        cumulative = sorted(
+            (float(dict(labels)["le"]), self.delta(name, **dict(labels)))
+            for (name, labels) in self.after
+            if name == "batchserve_batch_size_bucket"
+        )
+        histogram, previous = {}, 0.0
+        for bound, count in cumulative:
+            if count - previous > 0:
+                histogram[f"{bound:g}"] = count - previous
+            previous = count
         return {
             "batches": batches,
             "mean_batch_size": requests / batches if batches else 0.0,
@@ -54,6 +64,7 @@ class ServerDelta:
             ),
             "mean_stage_ms": {stage: seconds * 1000 for stage, seconds in stages.items()},
             "device_busy_ratio": busy / self.seconds if self.seconds else 0.0,
+            "batch_size_histogram": histogram,  # batches per bucket (upper bound)
             "outcomes": {
                 dict(labels)["outcome"]: self.delta(name, **dict(labels))
                 for (name, labels) in self.after
