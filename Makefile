@@ -3,10 +3,11 @@ PYTHON ?= python3
 VENV   ?= .venv
 BIN    := $(VENV)/bin
 STAMP  := $(VENV)/.installed-stamp
+BENCH_STAMP := $(VENV)/.bench-stamp
 HOST   ?= 0.0.0.0
 PORT   ?= 8000
 
-.PHONY: install serve test test-fast lint format bench gpu-check clean
+.PHONY: install serve test test-fast lint format bench gpu-check gpu-wheels clean
 
 $(STAMP): pyproject.toml
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
@@ -31,6 +32,31 @@ lint: $(STAMP)
 	$(BIN)/ruff check .
 	$(BIN)/ruff format --check .
 	$(BIN)/mypy
+
+$(BENCH_STAMP): $(STAMP)
+	$(BIN)/python -m pip install --disable-pip-version-check -q -e ".[dev,bench]"
+	touch $(BENCH_STAMP)
+
+## A short run of the whole benchmark suite (a few minutes); writes benchmarks/results/bench-*
+bench: $(BENCH_STAMP)
+	$(BIN)/python -m benchmarks.batcher_overhead --requests 20000 --runs 2 --no-write
+	$(BIN)/python -m benchmarks.offline --model resnet18 --precision bf16 --batch-sizes 1 8 \
+		--seconds 2 --runs 1 --name bench-offline
+	$(BIN)/python -m benchmarks.compare --model resnet18 --batch-size 8 --rounds 1 --duration 6 \
+		--name bench-compare
+	$(BIN)/python -m benchmarks.sweep --model resnet18 --rates 20 60 --delays 2 20 \
+		--batch-sizes 8 --duration 5 --warmup 2 --name bench-sweep
+	$(BIN)/python -m benchmarks.profile --model resnet18 --batches 4 --requests 15 \
+		--name bench-profile
+	$(BIN)/python -m benchmarks.accuracy --model resnet18 --count 64 --name bench-accuracy
+
+## The one-call GPU check (degraded, and quick, without CUDA); writes benchmarks/results/gpu_check.*
+gpu-check: $(STAMP)
+	$(BIN)/python -m benchmarks.gpu_check
+
+## Wheels for the GPU machine's image, into .whl/ (see the README)
+gpu-wheels: $(STAMP)
+	$(BIN)/python -m benchmarks.gpu_wheels
 
 format: $(STAMP)
 	$(BIN)/ruff check --fix .

@@ -301,3 +301,8 @@ def test_inductor_compiles_and_pads_to_buckets() -> None:
         assert not isinstance(a, BaseException)
         assert not isinstance(b, BaseException)
         assert [c["index"] for c in a.classes] == [c["index"] for c in b.classes]
+
+
+def test_random_weights_are_the_same_in_every_engine() -> None:
+    first, second = load_model(SMALL, "none"), load_model(SMALL, "none")
+    assert torch.equal(probe(first.module), probe(second.module))

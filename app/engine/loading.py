@@ -125,8 +125,12 @@ def _load_torchvision(
 
 
 def _random(name: str, num_classes: int | None) -> nn.Module:
+    """The architecture with seeded random weights: every replica, and every engine a benchmark
+    compares, gets the same ones (the global random state is left as it was)."""
     kwargs: dict[str, Any] = {} if num_classes is None else {"num_classes": num_classes}
-    module: nn.Module = get_model(name, weights=None, **kwargs)
+    with torch.random.fork_rng(devices=[]):
+        torch.manual_seed(0)
+        module: nn.Module = get_model(name, weights=None, **kwargs)
     return module
 
 

@@ -1,0 +1,248 @@
+"""One call on a CUDA machine: tests, correctness of the GPU path, throughput, profile.
+
+In one run of a few minutes it:
+
+1. runs the ``@pytest.mark.cuda`` tests;
+2. compares nvjpeg decoding with CPU decoding (mean absolute pixel difference);
+3. compares fp16 (bf16 on a CPU) with fp32: top-1 agreement, largest probability difference;
+4. compares CUDA-graph replay with eager execution;
+5. measures offline throughput per batch size and precision (forward only, and the whole
+   pipeline without HTTP): the ceiling;
+6. measures served throughput in-process through the real app (ASGI, 64 clients);
+7. profiles a few batches with ``torch.profiler`` and reports the GPU busy ratio;
+
+and writes everything to ``gpu_check.md`` and ``gpu_check.json`` under ``--out``. Without CUDA
+it runs in a clearly labelled degraded mode: the CUDA parts are skipped, the rest runs on the
+CPU (that is how CI checks this script).
+
+Usage: ``python -m benchmarks.gpu_check --out $OUT`` (``--quick`` for a tiny CPU run)
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import contextlib
+import json
+import subprocess
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+import httpx
+import torch
+from asgi_lifespan import LifespanManager
+
+from app.engine import InferenceRequest
+from app.main import create_app
+from app.settings import Settings
+from benchmarks import accuracy, offline
+from benchmarks.common import RESULTS, machine, machine_markdown, table
+from benchmarks.corpus import generate
+from benchmarks.loadgen import LoadSpec, run
+from benchmarks.profile import profile_batches
+from preprocessing import decode_cpu, read_header
+from preprocessing.device import decode_jpegs
+
+SKIPPED = "skipped (no CUDA)"
+
+
+def run_cuda_tests() -> dict[str, Any]:
+    command = [sys.executable, "-m", "pytest", "-q", "-m", "cuda", "-p", "no:cacheprovider",
+               "tests"]  # fmt: skip
+    result = subprocess.run(command, capture_output=True, text=True)
+    lines = (result.stdout + result.stderr).strip().splitlines()
+    return {"returncode": result.returncode, "summary": lines[-1] if lines else "",
+            "tail": "\n".join(lines[-30:])}  # fmt: skip
+
+
+def decode_agreement(images: list[bytes]) -> dict[str, Any]:
+    gpu = torch.device("cuda")
+    items = [(data, read_header(data)) for data in images]
+    decoded = decode_jpegs(items, gpu)
+    differences, fallbacks = [], 0
+    for (data, header), result in zip(items, decoded, strict=True):
+        if isinstance(result, BaseException):
+            raise result
+        fallbacks += result.device.type == "cpu"
+        reference = decode_cpu(data, header)
+        differences.append(float((result.cpu().float() - reference.float()).abs().mean()))
+    return {
+        "images": len(images),
+        "mean_abs_pixel_difference": sum(differences) / len(differences),
+        "max_image_mean_abs_difference": max(differences),
+        "cpu_fallbacks": fallbacks,
+    }
+
+
+def precision_agreement(model: str, low: str, images: list[bytes], batch: int) -> dict[str, Any]:
+    samples = [accuracy.Sample(str(i), data) for i, data in enumerate(images)]
+    reference = accuracy.engine_for(model, "none", {"precision": "fp32", "compile": "none"}, batch)
+    candidate = accuracy.engine_for(model, "none", {"precision": low, "compile": "none"}, batch)
+    report = accuracy.compare(
+        accuracy.predict_all(reference, samples, batch),
+        accuracy.predict_all(candidate, samples, batch),
+        samples,
+        reference,
+    )
+    report["compared"] = f"{low} vs fp32 (random weights unless cached: a numerics check)"
+    return report
+
+
+def graphs_agreement(model: str, images: list[bytes], batch: int) -> dict[str, Any]:
+    results = {}
+    for graphs in (False, True):
+        engine = offline.make_engine(model, "fp16", batch, cuda_graphs=graphs, compile="none")
+        requests = [InferenceRequest(engine.prepare(data), 5) for data in images[:batch]]
+        results[graphs] = engine.run_batch(requests)
+    differences, same_top1 = [], 0
+    for eager, replayed in zip(results[False], results[True], strict=True):
+        assert not isinstance(eager, BaseException)
+        assert not isinstance(replayed, BaseException)
+        same_top1 += eager.classes[0]["index"] == replayed.classes[0]["index"]
+        differences.append(abs(eager.classes[0]["score"] - replayed.classes[0]["score"]))
+    return {"images": len(differences), "same_top1": same_top1,
+            "max_top1_probability_difference": max(differences)}  # fmt: skip
+
+
+async def served(settings: Settings, images: list[bytes], clients: int,
+                 seconds: float) -> dict[str, Any]:  # fmt: skip
+    app = create_app(settings)
+    async with LifespanManager(app, startup_timeout=600) as manager:
+        transport = httpx.ASGITransport(app=manager.app)
+        async with contextlib.AsyncExitStack() as stack:
+            pool = [
+                await stack.enter_async_context(
+                    httpx.AsyncClient(transport=transport, base_url="http://served", timeout=120)
+                )
+                for _ in range(clients)
+            ]
+            spec = LoadSpec(concurrency=clients, warmup_s=min(3.0, seconds / 2),
+                            duration_s=seconds)  # fmt: skip
+            return await run(pool, images, spec)
+
+
+def check(args: argparse.Namespace) -> dict[str, Any]:
+    cuda = torch.cuda.is_available()
+    images = generate(args.images)
+    started = time.perf_counter()
+    data: dict[str, Any] = {
+        "machine": machine(),
+        "mode": "full" if cuda else "degraded: no CUDA, GPU parts skipped, the rest on the CPU",
+        "model": args.model,
+    }
+    low = "fp16" if cuda else "bf16"
+
+    print("1/7 CUDA tests", flush=True)
+    data["tests"] = SKIPPED if args.skip_tests or not cuda else run_cuda_tests()
+    print("2/7 decode agreement", flush=True)
+    data["decode"] = decode_agreement(images) if cuda else SKIPPED
+    print("3/7 precision agreement", flush=True)
+    data["precision"] = precision_agreement(args.model, low, images, args.batch_sizes[-1])
+    print("4/7 CUDA graphs vs eager", flush=True)
+    data["graphs"] = graphs_agreement(args.model, images, min(8, args.batch_sizes[-1])) \
+        if cuda else SKIPPED  # fmt: skip
+    print("5/7 offline throughput", flush=True)
+    precisions = ["fp16", "bf16", "fp32"] if cuda else ["bf16"]
+    data["offline"] = offline.measure(
+        args.model, precisions, args.batch_sizes, images, args.seconds, 1, args.decode_threads
+    )
+    print("6/7 served in-process", flush=True)
+    settings = Settings(_env_file=None, model=args.model, weights="none", precision=low,
+                        max_batch_size=args.batch_sizes[-1], cuda_graphs=cuda,
+                        log_level="warning")  # fmt: skip
+    data["served"] = asyncio.run(served(settings, images, args.clients, args.seconds * 2))
+    print("7/7 profile", flush=True)
+    trace = Path(args.out) / "gpu_check_trace.json"
+    data["profile"] = profile_batches(args.model, low, args.batch_sizes[-1], 4, images, trace)
+    data["elapsed_s"] = time.perf_counter() - started
+    return data
+
+
+def markdown(data: dict[str, Any]) -> str:
+    def section(value: Any) -> str:
+        if isinstance(value, str):
+            return value
+        return table(["measure", "value"], [[k, v] for k, v in value.items() if k != "tail"])
+
+    offline_rows = [[r["precision"], r["batch_size"], r["forward"], r["sequential"], r["pipelined"]]
+                    for r in data["offline"]]  # fmt: skip
+    served = data["served"]
+    latency = served["latency_ms"]
+    server = served["server"]
+    served_rows = [[served["throughput"], latency["p50"], latency["p99"],
+                    server["mean_batch_size"], server["device_busy_ratio"]]]  # fmt: skip
+    tests = data["tests"]
+    test_text = (
+        tests if isinstance(tests, str) else f"{tests['summary']} (exit {tests['returncode']})"
+    )
+    busy = data["profile"]["gpu_busy_ratio"]
+    return f"""# GPU check: {data["model"]}
+
+Mode: **{data["mode"]}**. Took {data["elapsed_s"]:.0f} s.
+
+## 1. CUDA tests
+
+{test_text}
+
+## 2. nvjpeg vs CPU decode
+
+{section(data["decode"])}
+
+## 3. Lower precision vs fp32
+
+{section(data["precision"])}
+
+## 4. CUDA graphs vs eager
+
+{section(data["graphs"])}
+
+## 5. Offline throughput (images/s)
+
+{table(["precision", "batch", "forward", "sequential", "overlapped"], offline_rows)}
+
+## 6. Served in-process (real app over ASGI, closed loop)
+
+{table(["images/s", "p50 ms", "p99 ms", "mean batch", "device busy"], served_rows)}
+
+## 7. Profile
+
+GPU busy ratio: {"n/a on CPU" if busy is None else f"{busy:.2f}"}
+
+```
+{data["profile"]["operators"]}
+```
+
+## Machine
+
+{machine_markdown(data["machine"])}
+"""
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--model", default="resnet50")
+    parser.add_argument("--out", type=Path, default=RESULTS)
+    parser.add_argument("--batch-sizes", nargs="+", type=int, default=[1, 16, 64, 128])
+    parser.add_argument("--seconds", type=float, default=3.0)
+    parser.add_argument("--images", type=int, default=64)
+    parser.add_argument("--clients", type=int, default=64)
+    parser.add_argument("--decode-threads", type=int, default=8)
+    parser.add_argument("--skip-tests", action="store_true")
+    parser.add_argument("--quick", action="store_true", help="tiny sizes: a smoke run")
+    args = parser.parse_args(argv)
+    if args.quick:
+        args.batch_sizes, args.seconds, args.images, args.clients = [1, 4], 0.5, 8, 8
+    args.out.mkdir(parents=True, exist_ok=True)
+    data = check(args)
+    text = markdown(data)
+    (args.out / "gpu_check.md").write_text(text)
+    (args.out / "gpu_check.json").write_text(json.dumps(data, indent=2, default=str) + "\n")
+    print(text)
+    tests = data["tests"]
+    return 1 if isinstance(tests, dict) and tests["returncode"] != 0 else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,157 @@
+"""The benchmark tools' own logic, on tiny models: they must measure what they claim."""
+
+from __future__ import annotations
+
+import contextlib
+import json
+from collections.abc import AsyncIterator
+from pathlib import Path
+from typing import Any
+
+import httpx
+import pytest
+
+from benchmarks import accuracy, gpu_check, offline, sweep
+from benchmarks.corpus import generate, load
+from benchmarks.loadgen import LoadSpec, run
+from benchmarks.promtext import ServerDelta, parse
+from tests.conftest import COLOR_MODEL, make_settings, serve
+
+
+@contextlib.asynccontextmanager
+async def clients(count: int) -> AsyncIterator[list[httpx.AsyncClient]]:
+    async with serve(make_settings(max_batch_size=8, max_queue_delay_ms=5)) as (app, _):
+        transport = httpx.ASGITransport(app=app)
+        async with contextlib.AsyncExitStack() as stack:
+            yield [
+                await stack.enter_async_context(
+                    httpx.AsyncClient(transport=transport, base_url="http://bench")
+                )
+                for _ in range(count)
+            ]
+
+
+@pytest.mark.slow
+async def test_loadgen_closed_and_open_loop() -> None:
+    images = generate(4)
+    async with clients(8) as pool:
+        closed = await run(pool, images, LoadSpec(concurrency=8, warmup_s=0.3, duration_s=1.0))
+        opened = await run(pool, images, LoadSpec(None, rate=30, warmup_s=0.3, duration_s=1.5))
+    for report in (closed, opened):
+        assert report["ok"] > 0
+        assert report["errors"] == {}
+        assert 0 < report["latency_ms"]["p50"] <= report["latency_ms"]["p99"]
+        assert report["latency_ms"]["p99"] <= report["latency_ms"]["max"]
+        assert report["server"]["mean_batch_size"] >= 1
+        assert report["server"]["outcomes"]["ok"] >= report["ok"]
+    assert closed["mode"] == "closed"
+    assert opened["mode"] == "open"
+    # Poisson arrivals at 30/s for 1.5 s: about 45 requests, not a closed loop's hundreds.
+    assert 15 <= opened["completed"] <= 90
+
+
+def test_server_delta_from_two_scrapes() -> None:
+    before = parse(
+        "batchserve_batch_size_count 2\nbatchserve_batch_size_sum 6\n"
+        'batchserve_batch_size_bucket{le="4.0"} 1\nbatchserve_batch_size_bucket{le="8.0"} 2\n'
+        "batchserve_device_busy_seconds_total 1\n"
+        'batchserve_requests_total{outcome="ok"} 6\n'
+    )
+    after = parse(
+        "batchserve_batch_size_count 6\nbatchserve_batch_size_sum 30\n"
+        'batchserve_batch_size_bucket{le="4.0"} 2\nbatchserve_batch_size_bucket{le="8.0"} 6\n'
+        "batchserve_device_busy_seconds_total 3\n"
+        'batchserve_requests_total{outcome="ok"} 30\n'
+        'batchserve_stage_seconds_count{stage="forward"} 4\n'
+        'batchserve_stage_seconds_sum{stage="forward"} 0.2\n'
+    )
+    summary = ServerDelta(before, after, seconds=4.0).summary()
+    assert summary["mean_batch_size"] == 6
+    assert summary["device_busy_ratio"] == 0.5
+    assert summary["batch_size_histogram"] == {"4": 1, "8": 3}
+    assert summary["mean_stage_ms"]["forward"] == pytest.approx(50)
+    assert summary["outcomes"] == {"ok": 24}
+
+
+def test_offline_measures_positive_rates() -> None:
+    engine = offline.make_engine(COLOR_MODEL, "fp32", 4)
+    images = generate(6)
+    from concurrent.futures import ThreadPoolExecutor
+
+    with ThreadPoolExecutor(2) as pool:
+        assert offline.forward_only(engine, 4, 0.2) > 0
+        assert offline.sequential(engine, images, 4, 0.2, pool) > 0
+        assert offline.pipelined(engine, images, 4, 0.2, pool) > 0
+
+
+def test_sweep_answers_the_best_configuration_for_a_target() -> None:
+    def row(name: str, throughput: float, p99: float, errors: dict[str, int] | None = None) -> Any:
+        return {"name": name, "throughput": throughput, "latency_ms": {"p99": p99},
+                "errors": errors or {}, "ok": 10}  # fmt: skip
+
+    rows = [row("off", 40, 50), row("a", 70, 90), row("b", 90, 140), row("c", 95, 80, {"503": 3})]
+    best = sweep.best_for(rows, 100)
+    assert best is not None
+    assert best["name"] == "a"  # c is faster but failed requests
+    assert sweep.best_for(rows, 10) is None
+
+
+def test_corpus_loads_a_folder(tmp_path: Path) -> None:
+    for index, data in enumerate(generate(3)):
+        (tmp_path / f"{index}.jpg").write_bytes(data)
+    (tmp_path / "notes.txt").write_text("not an image")
+    assert len(load(tmp_path)) == 3
+
+
+# -- accuracy gate -------------------------------------------------------------------------
+
+
+def test_accuracy_gate_passes_close_precisions_and_fails_impossible_bounds() -> None:
+    base = ["--model", COLOR_MODEL, "--count", "24", "--batch-size", "8"]
+    assert accuracy.main(base) == 0
+    assert accuracy.main([*base, "--max-prob-diff", "0"]) == 1
+
+
+def test_accuracy_with_labelled_folders(tmp_path: Path) -> None:
+    images = generate(24)
+    reference = accuracy.engine_for(
+        COLOR_MODEL, "none", {"precision": "fp32", "compile": "none"}, 8
+    )
+    samples = [accuracy.Sample(str(i), data) for i, data in enumerate(images)]
+    predictions = accuracy.predict_all(reference, samples, 8)
+    for index, (data, prediction) in enumerate(zip(images, predictions, strict=True)):
+        truth = prediction.classes[0]["index"] if index % 4 else (
+            prediction.classes[-1]["index"]  # every 4th image gets a wrong label
+        )  # fmt: skip
+        folder = tmp_path / str(truth)
+        folder.mkdir(exist_ok=True)
+        (folder / f"{index}.jpg").write_bytes(data)
+    args = accuracy.parser().parse_args(
+        ["--model", COLOR_MODEL, "--images", str(tmp_path), "--batch-size", "8"]
+    )
+    report, failures = accuracy.run(args)
+    assert report["labelled"]
+    assert report["reference_top1"] == pytest.approx(18 / 24)
+    assert report["candidate_top1"] == pytest.approx(18 / 24, abs=1 / 24)
+    assert failures == []
+
+
+# -- the GPU check in its degraded CPU mode ------------------------------------------------
+
+
+@pytest.mark.slow
+def test_gpu_check_runs_degraded_without_cuda(tmp_path: Path) -> None:
+    code = gpu_check.main(
+        ["--quick", "--skip-tests", "--model", COLOR_MODEL, "--out", str(tmp_path)]
+    )
+    assert code == 0
+    report = (tmp_path / "gpu_check.md").read_text()
+    data = json.loads((tmp_path / "gpu_check.json").read_text())
+    if data["mode"] == "full":
+        pytest.skip("CUDA is present: the full check ran")
+    assert "degraded" in report
+    assert data["decode"] == data["graphs"] == gpu_check.SKIPPED
+    assert data["precision"]["top1_agreement"] >= 0.9
+    assert {row["batch_size"] for row in data["offline"]} == {1, 4}
+    assert data["served"]["ok"] > 0
+    assert (tmp_path / "gpu_check_trace.json").stat().st_size > 0
