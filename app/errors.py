@@ -10,6 +10,7 @@ import logging
 import math
 from dataclasses import dataclass
 
+import torch
 from fastapi import FastAPI, Request
 from fastapi.exceptions import RequestValidationError
 from starlette.exceptions import HTTPException as StarletteHTTPException
@@ -87,6 +88,9 @@ def describe(exc: BaseException) -> ErrorInfo:
         return ErrorInfo(504, "deadline_exceeded", str(exc), "deadline_exceeded", {})
     if isinstance(exc, BatcherClosedError):
         return ErrorInfo(503, "not_ready", str(exc), "not_ready", {"Retry-After": "1"})
+    if isinstance(exc, torch.OutOfMemoryError):
+        message = "the device ran out of memory, even for this image alone; retry later"
+        return ErrorInfo(503, "out_of_memory", message, "error", {"Retry-After": "1"})
     return ErrorInfo(500, "internal_error", "internal server error", "error", {})
 
 

@@ -14,6 +14,7 @@ from prometheus_fastapi_instrumentator import Instrumentator
 from app.draining import SigtermDrain
 from app.engine import build_engine
 from app.errors import install_error_handlers
+from app.limits import HeaderLimitMiddleware
 from app.logs import configure_logging
 from app.metrics import Metrics
 from app.requestid import RequestIdMiddleware
@@ -49,7 +50,8 @@ def create_app(settings: Settings | None = None) -> FastAPI:
         registry=server.metrics.registry,
         excluded_handlers=["/metrics", "/healthz", "/readyz"],
     ).instrument(app)
-    app.add_middleware(RequestIdMiddleware)  # outermost: ids and start times for everything
+    app.add_middleware(RequestIdMiddleware)  # ids and start times for everything below
+    app.add_middleware(HeaderLimitMiddleware, max_bytes=settings.max_header_bytes)
     return app
 
 

@@ -55,6 +55,8 @@ class Settings(BaseSettings):
     # Requests
     max_image_bytes: int = Field(20 * 1024 * 1024, ge=1024)
     max_image_pixels: int = Field(40_000_000, ge=1)
+    min_image_size: int = Field(8, ge=1, le=4096)
+    max_header_bytes: int = Field(16 * 1024, ge=1024)
     top_k: int = Field(5, ge=1)
     decode_workers: int | None = Field(None, ge=1, le=256)
 

@@ -46,6 +46,8 @@ class Window:
 
     started: float
     latencies: list[float] = field(default_factory=list)  # seconds, successful requests
+    by_status: dict[str, list[float]] = field(default_factory=dict)  # every answer's latency
+    server_by_status: dict[str, list[float]] = field(default_factory=dict)  # Server-Timing total
     statuses: Counter[int | str] = field(default_factory=Counter)
     open: bool = True
     client_cpu_s: float = 0.0
@@ -87,11 +89,15 @@ async def run(
             response = await client.post("/predict", content=data, headers=headers,
                                          timeout=spec.timeout_s)  # fmt: skip
             outcome: int | str = response.status_code
+            server_ms = _server_total_ms(response.headers.get("server-timing", ""))
         except httpx.HTTPError as exc:
-            outcome = type(exc).__name__
+            outcome, server_ms = type(exc).__name__, None
         finished = time.perf_counter()
         if window.open and scheduled >= window.started:
             window.statuses[outcome] += 1
+            window.by_status.setdefault(str(outcome), []).append(finished - scheduled)
+            if server_ms is not None:
+                window.server_by_status.setdefault(str(outcome), []).append(server_ms / 1000)
             if outcome == 200:
                 window.latencies.append(finished - scheduled)
 
@@ -149,6 +155,14 @@ async def run(
     return report(spec, window, delta)
 
 
+def _server_total_ms(header: str) -> float | None:
+    for part in header.split(","):
+        name, _, value = part.strip().partition(";dur=")
+        if name == "total" and value:
+            return float(value)
+    return None
+
+
 async def scrape(client: httpx.AsyncClient) -> Samples:
     """The server's metrics, or nothing when it has none (a baseline server)."""
     response = await client.get("/metrics")
@@ -172,6 +186,18 @@ def report(spec: LoadSpec, window: Window, delta: ServerDelta) -> dict[str, Any]
         "latency_ms": {
             name: percentile(latencies, q) * 1000
             for name, q in (("p50", 50), ("p90", 90), ("p99", 99), ("p99.9", 99.9), ("max", 100))
+        },
+        "latency_ms_by_status": {
+            status: {
+                "count": len(values),
+                "p50": percentile(values, 50) * 1000,
+                "p99": percentile(values, 99) * 1000,
+                "max": max(values) * 1000,
+                # Inside the server (Server-Timing total): without the client's own delays.
+                "server_p50": percentile(window.server_by_status.get(status, []), 50) * 1000,
+                "server_p99": percentile(window.server_by_status.get(status, []), 99) * 1000,
+            }
+            for status, values in window.by_status.items()
         },
         "server": delta.summary(),
     }

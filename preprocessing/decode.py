@@ -32,7 +32,7 @@ def decode_cpu(data: Buffer, header: ImageHeader) -> torch.Tensor:
                 as_byte_tensor(data), mode=ImageReadMode.RGB, apply_exif_orientation=True
             )
             return image
-        except RuntimeError as exc:
+        except Exception as exc:
             # The message holds the decoder's source path: keep it out of client responses.
             raise InvalidImageError("the JPEG data is corrupt or truncated") from exc
     pixels: torch.Tensor = pil_to_tensor(_decode_with_pillow(data, header.format))
@@ -45,7 +45,9 @@ def _decode_with_pillow(data: Buffer, fmt: ImageFormat) -> Image.Image:
         image.load()
         image = ImageOps.exif_transpose(image) or image
         return to_rgb(image)
-    except (OSError, ValueError, SyntaxError, EOFError, IndexError) as exc:
+    except UnsupportedFormatError:
+        raise
+    except Exception as exc:  # decoders fail on garbage in many ways (struct.error, ...)
         raise InvalidImageError(f"the {fmt.name} data is corrupt or truncated") from exc
 
 

@@ -6,7 +6,7 @@ import enum
 import io
 from dataclasses import dataclass
 
-from PIL import ExifTags, Image, UnidentifiedImageError
+from PIL import ExifTags, Image
 
 from preprocessing.errors import ImageTooLargeError, InvalidImageError, UnsupportedFormatError
 
@@ -87,19 +87,24 @@ class ImageHeader:
 
 @dataclass(frozen=True, slots=True)
 class ImageLimits:
-    """Refuse images before decoding when they declare more than this.
+    """Refuse images before decoding when they declare more than this (or less).
 
     ``max_pixels`` bounds the decoded image; ``resize_size`` lets us bound the resized image
     too, since an extreme aspect ratio (1 x 1,000,000) would explode when its shorter side is
-    scaled up.
+    scaled up. ``min_side`` refuses images too small to classify (a 1x1 "image" is noise).
     """
 
     max_pixels: int = 40_000_000
     resize_size: int = 256
+    min_side: int = 1
 
     def check(self, width: int, height: int) -> None:
         if width < 1 or height < 1:
             raise InvalidImageError("the image declares an empty size")
+        if min(width, height) < self.min_side:
+            raise InvalidImageError(
+                f"the image is {width}x{height}; both sides must be at least {self.min_side} pixels"
+            )
         if width * height > self.max_pixels:
             raise ImageTooLargeError(
                 f"the image has {width}x{height} pixels; at most {self.max_pixels} are allowed"
@@ -116,7 +121,7 @@ def open_image(data: Buffer, fmt: ImageFormat) -> Image.Image:
     """Open lazily with Pillow: the header is parsed, the pixels are not decoded yet."""
     try:
         return Image.open(io.BytesIO(data), formats=[_PIL_FORMAT[fmt]])
-    except (UnidentifiedImageError, OSError, ValueError, SyntaxError, EOFError) as exc:
+    except Exception as exc:  # UnidentifiedImageError, OSError, struct.error, ...
         raise InvalidImageError(f"the {fmt.name} header is corrupt") from exc
 
 

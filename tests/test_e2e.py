@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import re
 import socket
 import time
@@ -195,3 +196,54 @@ def test_drain_timeout_bounds_the_exit() -> None:
         # running forward pass cannot be interrupted: the exit waits for it (one batch time).
         assert statuses == [503, 503, 503]
         assert elapsed < 0.5 + 1.5 + 3.0
+
+
+def raw_request(url: str, head: str, body: bytes = b"") -> socket.socket:
+    host, port = url.removeprefix("http://").split(":")
+    sock = socket.create_connection((host, int(port)))
+    sock.sendall(head.encode() + body)
+    return sock
+
+
+def test_a_client_that_hangs_up_mid_upload_leaves_nothing_behind() -> None:
+    with UvicornProcess(BASE_ENV) as server:
+        body = images.jpeg(images.photo(640, 480), quality=95)
+        head = (
+            "POST /predict HTTP/1.1\r\nHost: x\r\nContent-Type: image/jpeg\r\n"
+            f"Content-Length: {len(body)}\r\n\r\n"
+        )
+        sock = raw_request(server.url, head, body[: len(body) // 3])
+        time.sleep(0.2)
+        sock.close()
+        wait_for(lambda: scrape(server, 'batchserve_requests_total{outcome="cancelled"}') == 1)
+        assert scrape(server, 'batchserve_requests_total{outcome="error"}') == 0
+        assert scrape(server, "batchserve_queue_depth") == 0
+        ok = httpx.post(f"{server.url}/predict", content=images.jpeg(), headers=JPEG)
+        assert ok.status_code == 200
+        assert "unhandled error" not in server.read_output()
+
+
+def test_an_oversized_chunked_body_is_refused_before_it_is_all_sent() -> None:
+    env = {**BASE_ENV, "BATCHSERVE_MAX_IMAGE_BYTES": str(64 * 1024)}
+    with UvicornProcess(env) as server:
+        head = (
+            "POST /predict HTTP/1.1\r\nHost: x\r\nContent-Type: image/jpeg\r\n"
+            "Transfer-Encoding: chunked\r\n\r\n"
+        )
+        sock = raw_request(server.url, head)
+        chunk = b"\xff" * 16 * 1024
+        sock.settimeout(10)
+        reply = b""
+        for _ in range(12):  # 192 KiB, never the final zero-length chunk
+            try:
+                sock.sendall(f"{len(chunk):x}\r\n".encode() + chunk + b"\r\n")
+            except OSError:
+                break  # the server already answered and closed
+            time.sleep(0.02)
+        sock.settimeout(2)
+        with contextlib.suppress(OSError):  # read until the server closes, or a quiet moment
+            while data := sock.recv(65536):
+                reply += data
+        sock.close()
+        assert reply.startswith(b"HTTP/1.1 413"), reply[:200]
+        assert b'"too_large"' in reply

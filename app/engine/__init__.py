@@ -42,7 +42,9 @@ def build_engine(settings: Settings, metrics: Metrics | None = None) -> Inferenc
         settings.resize_size,
     )
     limits = ImageLimits(
-        max_pixels=settings.max_image_pixels, resize_size=loaded.transform.resize_size
+        max_pixels=settings.max_image_pixels,
+        resize_size=loaded.transform.resize_size,
+        min_side=settings.min_image_size,
     )
     config = settings.batch_config()
     return InferenceEngine(

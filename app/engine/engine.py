@@ -163,7 +163,18 @@ class InferenceEngine:
     # -- per batch (batcher threads) -----------------------------------------------------
 
     def run_batch(self, requests: list[InferenceRequest]) -> list[Prediction | BaseException]:
-        return self._run(requests, record=True)
+        """One result or exception per request. When the device runs out of memory, the batch
+        is split in halves and each half retried, down to single requests."""
+        try:
+            return self._run(requests, record=True)
+        except torch.OutOfMemoryError as exc:
+            if len(requests) == 1:
+                return [exc]
+            logger.warning("out of memory with a batch of %d: retrying in halves", len(requests))
+            if self.device.type == "cuda":
+                torch.cuda.empty_cache()
+            half = len(requests) // 2
+            return self.run_batch(requests[:half]) + self.run_batch(requests[half:])
 
     def _run(
         self, requests: list[InferenceRequest], *, record: bool

@@ -10,6 +10,7 @@ from typing import Annotated, Any
 
 import orjson
 from fastapi import APIRouter, Query, Request
+from starlette.requests import ClientDisconnect
 from starlette.responses import Response
 from starlette.types import Receive
 
@@ -86,7 +87,7 @@ async def predict(
     server.enter()
     try:
         response = await _predict(server, request, top_k)
-    except ClientDisconnected:
+    except (ClientDisconnected, ClientDisconnect):  # while waiting, or while uploading
         server.metrics.count_request("cancelled")
         return Response(status_code=CLIENT_CLOSED)
     except asyncio.CancelledError:
@@ -97,7 +98,8 @@ async def predict(
         if info.code == "internal_error":
             log_unexpected(exc, request_id_of(request.scope))
         server.metrics.count_request(info.outcome)
-        return error_response(info)
+        elapsed = time.perf_counter() - request_start_of(request.scope)
+        return error_response(info, headers={"Server-Timing": f"total;dur={elapsed * 1000:.3f}"})
     finally:
         server.leave()
     server.metrics.count_request("ok")
