@@ -59,10 +59,10 @@ def _lifespan(server: ServerState):  # type: ignore[no-untyped-def]
     @asynccontextmanager
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:
         settings, metrics = server.settings, server.metrics
-        config = settings.batch_config()
         # Loading and warm-up take seconds: keep them off the event loop.
         engine = await asyncio.to_thread(build_engine, settings, metrics)
         warmup = await asyncio.to_thread(engine.warmup)
+        config = settings.batch_config(engine.max_inflight_batches)
         timings = ExecutionTimeModel()
         for size, seconds in warmup.items():
             timings.observe(size, seconds)

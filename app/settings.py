@@ -46,7 +46,7 @@ class Settings(BaseSettings):
     max_queue_delay_ms: float | None = Field(None, ge=0, le=60_000)
     preferred_batch_sizes: Annotated[tuple[int, ...], NoDecode] = ()
     max_queue_size: int = Field(1024, ge=1)
-    max_inflight_batches: int = Field(2, ge=1, le=16)
+    max_inflight_batches: int | None = Field(None, ge=1, le=16)
     latency_slo_ms: float | None = Field(None, gt=0)
     dispatch_when_idle: bool = True
     request_timeout_ms: float = Field(30_000, gt=0)
@@ -131,13 +131,15 @@ class Settings(BaseSettings):
     def decode_threads(self) -> int:
         return self.decode_workers or os.cpu_count() or 1
 
-    def batch_config(self) -> BatchConfig:
+    def batch_config(self, max_inflight_batches: int | None = None) -> BatchConfig:
+        """The batcher's configuration; ``max_inflight_batches`` is the device-resolved value
+        when the setting is unset (see ``app.engine.device.resolve_inflight``)."""
         return BatchConfig(
             max_batch_size=self.max_batch_size,
             max_queue_delay_s=self.queue_delay_s,
             preferred_batch_sizes=self.preferred_batch_sizes,
             max_queue_size=self.max_queue_size,
-            max_inflight_batches=self.max_inflight_batches,
+            max_inflight_batches=max_inflight_batches or self.max_inflight_batches or 2,
             latency_slo_s=None if self.latency_slo_ms is None else self.latency_slo_ms / 1000,
             dispatch_when_idle=self.dispatch_when_idle,
         )

@@ -16,8 +16,9 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import os
-from concurrent.futures import ThreadPoolExecutor
+import json
+import subprocess
+import sys
 from contextlib import ExitStack
 from pathlib import Path
 from typing import Any
@@ -26,7 +27,6 @@ from benchmarks import wrk
 from benchmarks.common import machine, machine_markdown, median, table, write_results
 from benchmarks.corpus import corpus
 from benchmarks.loadgen import LoadSpec, run_url
-from benchmarks.offline import make_engine, pipelined, sequential
 from benchmarks.servers import UvicornProcess
 
 
@@ -41,6 +41,18 @@ def server_env(model: str, precision: str, batch_size: int, **extra: str) -> dic
     }
 
 
+def variants(specs: list[str]) -> dict[str, dict[str, str]]:
+    """``name:setting=value,setting=value`` -> {name: {BATCHSERVE_SETTING: value}}."""
+    result = {}
+    for spec in specs:
+        name, _, pairs = spec.partition(":")
+        result[name] = {
+            f"BATCHSERVE_{key.upper()}": value
+            for key, value in (pair.split("=", 1) for pair in pairs.split(",") if pair)
+        }
+    return result
+
+
 def load(url: str, images: list[bytes], clients: int, args: argparse.Namespace) -> dict[str, Any]:
     if args.client == "wrk":
         return wrk.run(url, images, clients, args.warmup, args.duration)
@@ -48,9 +60,22 @@ def load(url: str, images: list[bytes], clients: int, args: argparse.Namespace) 
     return asyncio.run(run_url(url, images, spec))
 
 
+def offline_limits(args: argparse.Namespace) -> dict[str, float]:
+    """The offline limits, measured in a fresh process like each round's servers."""
+    command = [
+        sys.executable, "-m", "benchmarks.offline", "--model", args.model,
+        "--precision", args.precision, "--batch-sizes", str(args.batch_size),
+        "--seconds", str(args.duration), "--runs", "1", "--json",
+    ] + (["--images", str(args.images)] if args.images else [])  # fmt: skip
+    output = subprocess.run(command, capture_output=True, text=True, check=True).stdout
+    (row,) = json.loads(output.strip().splitlines()[-1])
+    return {"pipelined": row["pipelined"], "sequential": row["sequential"]}
+
+
 def run(args: argparse.Namespace) -> dict[str, Any]:
     images = corpus(args.images, 64)
     extra = {f"BATCHSERVE_{k.upper()}": v for k, v in (item.split("=", 1) for item in args.set)}
+    env = server_env(args.model, args.precision, args.batch_size, **extra)
     samples: dict[str, list[dict[str, Any]]] = {}
 
     def add(name: str, result: dict[str, Any]) -> None:
@@ -58,24 +83,27 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
         print(f"  {name}: {result['throughput']:.1f} images/s, "
               f"p50 {result['latency_ms']['p50']:.0f} ms", flush=True)  # fmt: skip
 
-    engine = make_engine(args.model, args.precision, args.batch_size)
-    with ExitStack() as stack, ThreadPoolExecutor(os.cpu_count() or 1) as pool:
-        env = server_env(args.model, args.precision, args.batch_size, **extra)
-        servers = {
-            "batched": stack.enter_context(UvicornProcess(env)),
-            "unbatched": stack.enter_context(
-                UvicornProcess({**env, "BATCHSERVE_MAX_BATCH_SIZE": "1"})
-            ),
-            "naive": stack.enter_context(
-                UvicornProcess(env, app="benchmarks.naive_app:app", ready_path="/docs")
-            ),
-        }
-        for round_index in range(args.rounds):
-            print(f"round {round_index + 1}/{args.rounds}", flush=True)
-            limit = pipelined(engine, images, args.batch_size, args.duration, pool)
-            plain = sequential(engine, images, args.batch_size, args.duration, pool)
-            add("offline", {"throughput": limit, "latency_ms": {"p50": float("nan")}})
-            add("offline_sequential", {"throughput": plain, "latency_ms": {"p50": float("nan")}})
+    for round_index in range(args.rounds):
+        # Fresh processes every round: a process's speed varies with where its memory and
+        # threads land, so medians over rounds also average over that.
+        print(f"round {round_index + 1}/{args.rounds}", flush=True)
+        limits = offline_limits(args)
+        nan = {"p50": float("nan")}
+        add("offline", {"throughput": limits["pipelined"], "latency_ms": nan})
+        add("offline_sequential", {"throughput": limits["sequential"], "latency_ms": nan})
+        with ExitStack() as stack:
+            servers = {
+                "batched": UvicornProcess(env),
+                **{name: UvicornProcess({**env, **overrides})
+                   for name, overrides in variants(args.also).items()},
+                "unbatched": UvicornProcess({**env, "BATCHSERVE_MAX_BATCH_SIZE": "1"}),
+                "naive": UvicornProcess(env, app="benchmarks.naive_app:app", ready_path="/docs"),
+            }  # fmt: skip
+            for server in servers.values():
+                stack.callback(server.stop)
+                server.start()
+            for server in servers.values():
+                server.wait_ready()
             for name, server in servers.items():
                 add(f"{name}@{args.clients}", load(server.url, images, args.clients, args))
             for name, server in servers.items():
@@ -119,6 +147,7 @@ def summarize(args: argparse.Namespace, samples: dict[str, list[dict[str, Any]]]
         "rounds": args.rounds,
         "duration_s": args.duration,
         "settings": args.set,
+        "also": args.also,
         "client": args.client,
         "medians": medians,
         "ratios": ratios,
@@ -133,6 +162,8 @@ def markdown(data: dict[str, Any]) -> str:
     ]
     ratio_rows = [[name.replace("_", " "), value] for name, value in data["ratios"].items()]
     settings = ", ".join(data["settings"]) or "defaults"
+    if data["also"]:
+        settings += "; also measured: " + ", ".join(data["also"])
     return f"""# Served vs offline, batched vs unbatched: {data["model"]} {data["precision"]}
 
 `python -m benchmarks.compare --model {data["model"]} --precision {data["precision"]} \\
@@ -163,7 +194,13 @@ def main() -> None:
     parser.add_argument("--warmup", type=float, default=3.0)
     parser.add_argument("--images", type=Path)
     parser.add_argument(
-        "--set", nargs="*", default=[], help="extra settings, e.g. max_inflight_batches=1"
+        "--set", nargs="*", default=[], help="settings for every server, e.g. top_k=1"
+    )
+    parser.add_argument(
+        "--also",
+        nargs="*",
+        default=[],
+        help="more batched servers to measure beside the default one: name:setting=value,...",
     )
     parser.add_argument("--name", help="results/<name>.md (default: compare-<model>)")
     parser.add_argument(

@@ -14,6 +14,7 @@ Usage: ``python -m benchmarks.offline --model resnet18 --precision bf16 fp32 --b
 from __future__ import annotations
 
 import argparse
+import json
 import os
 import time
 from collections import deque
@@ -172,12 +173,16 @@ def main() -> None:
     parser.add_argument("--decode-threads", type=int, default=os.cpu_count() or 1)
     parser.add_argument("--images", type=Path)
     parser.add_argument("--name", default="offline", help="results/<name>.md and .json")
+    parser.add_argument("--json", action="store_true", help="print the rows as JSON, write nothing")
     args = parser.parse_args()
     images = corpus(args.images, 64)
     rows = []
     for model in args.model:
         rows += measure(model, args.precision, args.batch_sizes, images, args.seconds, args.runs,
                         args.decode_threads)  # fmt: skip
+    if args.json:
+        print(json.dumps(rows))
+        return
     data = {"machine": machine(), "runs": args.runs, "seconds": args.seconds,
             "images": len(images), "decode_threads": args.decode_threads, "rows": rows}  # fmt: skip
     text = markdown(data)

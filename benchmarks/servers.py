@@ -48,6 +48,11 @@ class UvicornProcess:
         self._log = tempfile.TemporaryFile()  # noqa: SIM115 - closed in stop()
 
     def __enter__(self) -> UvicornProcess:
+        self.start()
+        return self.wait_ready()
+
+    def start(self) -> UvicornProcess:
+        """Spawn the process without waiting (start several, then wait for each)."""
         command = [
             sys.executable, "-m", "uvicorn", self._app,
             "--host", "127.0.0.1", "--port", str(self.port), "--no-access-log",
@@ -55,6 +60,10 @@ class UvicornProcess:
         self.process = subprocess.Popen(
             command, cwd=ROOT, env=self._env, stdout=self._log, stderr=subprocess.STDOUT
         )
+        return self
+
+    def wait_ready(self) -> UvicornProcess:
+        assert self.process is not None, "start() first"
         deadline = time.monotonic() + self._startup_timeout
         while time.monotonic() < deadline:
             if self.process.poll() is not None:

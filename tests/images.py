@@ -62,6 +62,14 @@ def png_bomb(width: int = 60_000, height: int = 60_000) -> bytes:
     )
 
 
+def corrupt_png() -> bytes:
+    """A complete PNG whose image data chunk fails its CRC (the kind that crashes libpng users)."""
+    data = bytearray(png(photo(48, 32, seed=9)))
+    at = data.find(b"IDAT") + 20
+    data[at : at + 8] = b"\x00" * 8
+    return bytes(data)
+
+
 def jpeg_bomb(width: int = 60_000, height: int = 60_000) -> bytes:
     """A small real JPEG whose SOF marker is rewritten to declare a huge size."""
     data = bytearray(jpeg(solid((120, 120, 120), 16, 16)))

@@ -40,8 +40,9 @@ FUZZ_EXAMPLES = int(os.environ.get("BATCHSERVE_FUZZ_EXAMPLES", "300"))
         ({"content-type": "text/plain"}, images.jpeg(), 415, "unsupported_media_type"),
         (JPEG, images.jpeg(images.solid((10, 20, 30), 1, 1)), 400, "invalid_image"),  # 1x1
         (JPEG, images.jpeg(images.solid((10, 20, 30), 300, 4)), 400, "invalid_image"),
+        ({"content-type": "image/png"}, images.corrupt_png(), 400, "invalid_image"),
     ],
-    ids=["zip-as-jpeg", "jpeg-as-text", "one-pixel", "a-sliver"],
+    ids=["zip-as-jpeg", "jpeg-as-text", "one-pixel", "a-sliver", "png-bad-crc"],
 )
 async def test_more_bad_input(
     client: httpx.AsyncClient, headers: dict[str, str], data: bytes, status: int, code: str

@@ -73,3 +73,21 @@ def test_window_defaults() -> None:
     assert load_settings(latency_slo_ms=200, max_queue_delay_ms=1).queue_delay_s == 0.001
     config = load_settings(max_batch_size=16, preferred_batch_sizes="8").batch_config()
     assert (config.max_batch_size, config.preferred_batch_sizes) == (16, (8,))
+
+
+def test_every_setting_is_documented() -> None:
+    """.env.example and the README's settings table list exactly the settings that exist."""
+    import re
+    from pathlib import Path
+
+    from app.settings import Settings
+
+    root = Path(__file__).resolve().parent.parent
+    fields = set(Settings.model_fields)
+    example = set(re.findall(r"BATCHSERVE_([A-Z_]+)=", (root / ".env.example").read_text()))
+    assert {name.lower() for name in example} == fields
+    readme = (root / "README.md").read_text()
+    table = readme[readme.index("## Settings") :]
+    documented = {name.lower() for name in re.findall(r"^\| `([A-Z_]+)`", table, re.MULTILINE)}
+    documented |= {"image_size", "resize_size"}  # one row: `IMAGE_SIZE` / `RESIZE_SIZE`
+    assert fields <= documented, fields - documented

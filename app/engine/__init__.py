@@ -7,6 +7,7 @@ from app.engine.device import (
     DeviceError,
     resolve_decode_device,
     resolve_device,
+    resolve_inflight,
     resolve_precision,
 )
 from app.engine.engine import InferenceEngine, InferenceRequest, Prediction
@@ -26,6 +27,7 @@ __all__ = [
     "load_model",
     "resolve_decode_device",
     "resolve_device",
+    "resolve_inflight",
     "resolve_precision",
 ]
 
@@ -46,7 +48,7 @@ def build_engine(settings: Settings, metrics: Metrics | None = None) -> Inferenc
         resize_size=loaded.transform.resize_size,
         min_side=settings.min_image_size,
     )
-    config = settings.batch_config()
+    config = settings.batch_config(resolve_inflight(settings.max_inflight_batches, device))
     return InferenceEngine(
         loaded,
         device,

@@ -95,6 +95,7 @@ class InferenceEngine:
         self.dtype = dtype
         self.limits = limits or ImageLimits(resize_size=loaded.transform.resize_size)
         self.decode_on_device = decode_on_device
+        self.max_inflight_batches = max_inflight_batches
         self.buckets = tuple(sorted(set(buckets or (max_batch_size,)) | {max_batch_size}))
         # Fixed shapes on a GPU (cuDNN autotuning, CUDA graphs) and for compiled kernels; exact
         # sizes on a CPU otherwise, where padding would cost real compute.
@@ -103,8 +104,9 @@ class InferenceEngine:
         model = loaded.module.to(device=device, dtype=dtype)
         model.to(memory_format=torch.channels_last)
         model.eval()
-        probe = torch.zeros((2, *self.input_shape), dtype=dtype, device=device)
-        probe = probe.contiguous(memory_format=torch.channels_last)
+        # A random probe (not zeros, which only exercise the biases) checks a compiled model.
+        probe = torch.randn((2, *self.input_shape), generator=torch.Generator().manual_seed(0))
+        probe = probe.to(device=device, dtype=dtype).contiguous(memory_format=torch.channels_last)
         self._model, self.compile_mode = optimize(model, compile_mode, probe)
         self._streams = streams_for(device)
         self._slots = PinnedStaging(self._make_slot, size=max_inflight_batches)

@@ -21,7 +21,7 @@ async def list_models(request: Request) -> Response:
     if engine is None:
         raise NotReadyError(server.not_ready_reason)
     settings = server.settings
-    batching = settings.batch_config()
+    batching = server.batcher.config if server.batcher else settings.batch_config()
     transform = engine.transform
     info = {
         "name": engine.name,
