@@ -23,7 +23,6 @@ class ServerState:
     batcher: DynamicBatcher[InferenceRequest, Prediction] | None = None
     decode_pool: ThreadPoolExecutor | None = None
     ready: bool = False
-    draining: bool = False
     preparing: int = 0  # admitted /predict requests not yet in the batcher's queue
     active: int = 0  # /predict requests in progress
     idle: asyncio.Event = field(default_factory=asyncio.Event)
@@ -42,22 +41,23 @@ class ServerState:
             self.idle.set()
 
     def start_draining(self) -> None:
-        self.draining = True
         self.ready = False
         self.not_ready_reason = "the server is draining"
         self.metrics.ready.set(0)
 
-    @property
-    def is_ready(self) -> bool:
-        return self.ready and self.batcher is not None and self.batcher.accepting
+    def unready_reason(self) -> str | None:
+        """Why ``/readyz`` answers 503 (None while ready)."""
+        if not self.ready or self.batcher is None:
+            return self.not_ready_reason
+        if not self.batcher.accepting:
+            return "the batcher has stopped"
+        return None
 
     def require_ready(
         self,
     ) -> tuple[InferenceEngine, DynamicBatcher[InferenceRequest, Prediction], ThreadPoolExecutor]:
-        if not self.is_ready:
-            reason = self.not_ready_reason
-            if self.batcher is not None and self.ready and not self.batcher.accepting:
-                reason = "the batcher has stopped"
+        reason = self.unready_reason()
+        if reason is not None:
             raise NotReadyError(reason, headers={"Retry-After": "1"})
         assert self.engine is not None
         assert self.batcher is not None

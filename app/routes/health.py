@@ -24,10 +24,7 @@ async def healthz() -> Response:
     summary="200 once warmed up and serving",
 )
 async def readyz(request: Request) -> Response:
-    server = server_state(request)
-    if server.is_ready:
+    reason = server_state(request).unready_reason()
+    if reason is None:
         return json_response({"status": "ready"})
-    reason = server.not_ready_reason
-    if server.ready and server.batcher is not None and not server.batcher.accepting:
-        reason = "the batcher has stopped"
     return json_response({"status": "not_ready", "reason": reason}, status_code=503)
