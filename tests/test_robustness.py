@@ -23,6 +23,7 @@ from app.engine import InferenceEngine, InferenceRequest, load_model
 from app.logs import JsonFormatter
 from preprocessing import PreprocessingError, TransformConfig, prepare
 from tests import images
+from tests.checks import assert_same_prediction
 from tests.conftest import COLOR_MODEL, make_settings, serve
 from tests.test_api import JPEG, assert_error
 
@@ -223,11 +224,7 @@ def test_out_of_memory_splits_the_batch_in_halves() -> None:
     assert model.sizes == [5, 2, 3, 1, 2]  # 5 fails, 2 runs, 3 fails, then 1 and 2 run
     alone = [engine.run_batch([request])[0] for request in requests]
     for together, single in zip(results, alone, strict=True):
-        assert not isinstance(together, BaseException)
-        assert not isinstance(single, BaseException)
-        assert [c["index"] for c in together.classes] == [c["index"] for c in single.classes]
-        for a, b in zip(together.classes, single.classes, strict=True):
-            assert a["score"] == pytest.approx(b["score"], abs=1e-5)
+        assert_same_prediction(together, single)
 
 
 def test_out_of_memory_for_a_single_image_fails_that_request_only() -> None:
