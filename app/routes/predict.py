@@ -134,7 +134,8 @@ async def _predict(server: ServerState, request: Request, top_k: int | None) -> 
     finally:
         server.preparing -= 1
     server.metrics.observe_stage("parse", parsed - parse_started)
-    server.metrics.observe_stage("decode", image.decode_s)
+    if image.pixels is not None:  # decoded here; a device decode is timed per batch instead
+        server.metrics.observe_stage("decode", image.decode_s)
 
     submitted = time.perf_counter()
     prediction = await _submit(batcher, InferenceRequest(image, k), deadline, request.receive)
