@@ -72,11 +72,3 @@ class ManualClock:
             if not timer.cancelled:
                 timer.callback()
         self._now = target
-
-    @property
-    def next_timer(self) -> float | None:
-        """When the earliest live timer fires, if any."""
-        for when, _, timer in sorted(self._timers):
-            if not timer.cancelled:
-                return when
-        return None

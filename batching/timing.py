@@ -37,9 +37,6 @@ class ExecutionTimeModel:
         slope, intercept = self._line
         return max(0.0, slope * batch_size + intercept)
 
-    def snapshot(self) -> dict[int, float]:
-        return dict(sorted(self._mean.items()))
-
     def _fit(self) -> tuple[float, float]:
         sizes = list(self._mean)
         if len(sizes) == 1:

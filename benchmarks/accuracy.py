@@ -21,10 +21,10 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from app.engine import InferenceEngine, InferenceRequest, Prediction, build_engine
-from app.settings import Settings
+from app.engine import InferenceEngine, InferenceRequest, Prediction
 from benchmarks.common import machine, machine_markdown, table, write_results
 from benchmarks.corpus import IMAGE_SUFFIXES, generate
+from benchmarks.offline import make_engine
 
 
 @dataclass
@@ -54,9 +54,9 @@ def parse_overrides(items: list[str]) -> dict[str, str]:
 
 
 def engine_for(model: str, weights: str, overrides: dict[str, str], batch: int) -> InferenceEngine:
-    settings = Settings(_env_file=None, model=model, weights=weights, max_batch_size=batch,
-                        log_level="warning", **overrides)  # type: ignore[arg-type]  # fmt: skip
-    return build_engine(settings)
+    settings = dict(overrides)
+    precision = settings.pop("precision", "auto")
+    return make_engine(model, precision, batch, weights=weights, warm=False, **settings)
 
 
 def predict_all(engine: InferenceEngine, samples: list[Sample], batch: int) -> list[Prediction]:

@@ -37,7 +37,7 @@ import httpx
 
 from benchmarks.common import percentile, table
 from benchmarks.corpus import content_type, corpus
-from benchmarks.promtext import Samples, ServerDelta, parse
+from benchmarks.promtext import Samples, ServerDelta, from_response
 
 
 @dataclass
@@ -165,8 +165,7 @@ def _server_total_ms(header: str) -> float | None:
 
 async def scrape(client: httpx.AsyncClient) -> Samples:
     """The server's metrics, or nothing when it has none (a baseline server)."""
-    response = await client.get("/metrics")
-    return parse(response.text) if response.status_code == 200 else {}
+    return from_response(await client.get("/metrics"))
 
 
 def report(spec: LoadSpec, window: Window, delta: ServerDelta) -> dict[str, Any]:

@@ -32,13 +32,18 @@ from benchmarks.corpus import corpus
 from preprocessing import PreparedImage
 
 
-def make_engine(model: str, precision: str, max_batch_size: int, **extra: Any) -> InferenceEngine:
+def make_engine(
+    model: str, precision: str, max_batch_size: int, *, weights: str = "none", warm: bool = True,
+    **extra: Any,
+) -> InferenceEngine:  # fmt: skip
+    """An engine built from settings as the server builds it (seeded random weights by default)."""
     settings = Settings(
-        _env_file=None, model=model, weights="none", precision=precision,
+        _env_file=None, model=model, weights=weights, precision=precision,
         max_batch_size=max_batch_size, log_level="warning", **extra,
     )  # fmt: skip
     engine = build_engine(settings)
-    engine.warmup()
+    if warm:
+        engine.warmup()
     return engine
 
 
@@ -137,11 +142,6 @@ def measure(
                       f"{row['forward']:.1f}, sequential {row['sequential']:.1f}, pipelined "
                       f"{row['pipelined']:.1f} images/s", flush=True)  # fmt: skip
     return rows
-
-
-def best(rows: Sequence[dict[str, Any]], key: str = "pipelined") -> dict[str, Any]:
-    """The row with the highest ``key``: the configuration a server should aim at."""
-    return max(rows, key=lambda row: float(row[key]))
 
 
 def markdown(data: dict[str, Any]) -> str:

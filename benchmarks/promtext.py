@@ -5,6 +5,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
+import httpx
 from prometheus_client.parser import text_string_to_metric_families
 
 Samples = dict[tuple[str, tuple[tuple[str, str], ...]], float]
@@ -16,6 +17,11 @@ def parse(text: str) -> Samples:
         for sample in family.samples:
             samples[(sample.name, tuple(sorted(sample.labels.items())))] = sample.value
     return samples
+
+
+def from_response(response: httpx.Response) -> Samples:
+    """A ``/metrics`` answer's samples, or nothing when the server has none (a baseline)."""
+    return parse(response.text) if response.status_code == 200 else {}
 
 
 def value(samples: Samples, name: str, **labels: str) -> float:

@@ -18,7 +18,7 @@ from typing import Any
 
 import httpx
 
-from benchmarks.promtext import Samples, ServerDelta, parse
+from benchmarks.promtext import Samples, ServerDelta, from_response
 
 _SCRIPT = r"""
 local bodies, types, counter = {}, {}, 0
@@ -48,8 +48,7 @@ end
 
 def scrape(url: str) -> Samples:
     """The server's metrics, or nothing when it has none (a baseline server)."""
-    response = httpx.get(f"{url}/metrics")
-    return parse(response.text) if response.status_code == 200 else {}
+    return from_response(httpx.get(f"{url}/metrics"))
 
 
 def available() -> bool:

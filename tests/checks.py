@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import re
+
 import pytest
 
 from app.engine import Prediction
@@ -17,3 +19,10 @@ def assert_same_prediction(
     assert [c["index"] for c in got.classes] == [c["index"] for c in expected.classes]
     for a, b in zip(got.classes, expected.classes, strict=True):
         assert a["score"] == pytest.approx(b["score"], abs=tolerance)
+
+
+def metric(text: str, name: str) -> float:
+    """One sample's value from a ``/metrics`` text (``name`` may include ``{labels}``)."""
+    match = re.search(rf"^{re.escape(name)} ([0-9.e+-]+)$", text, re.MULTILINE)
+    assert match, f"{name} not in /metrics"
+    return float(match.group(1))

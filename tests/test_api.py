@@ -11,16 +11,11 @@ import httpx
 import pytest
 
 from tests import images
+from tests.checks import metric
 from tests.conftest import make_settings, serve
 from tests.models import Exploding, Slow
 
 JPEG = {"content-type": "image/jpeg"}
-
-
-def metric(text: str, name: str) -> float:
-    match = re.search(rf"^{re.escape(name)} ([0-9.e+-]+)$", text, re.MULTILINE)
-    assert match, f"{name} not in /metrics"
-    return float(match.group(1))
 
 
 def assert_error(response: httpx.Response, status: int, code: str) -> None:

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import re
 import socket
 import time
 from collections.abc import Callable
@@ -14,6 +13,7 @@ import pytest
 
 from benchmarks.servers import UvicornProcess
 from tests import images
+from tests.checks import metric
 
 pytestmark = [pytest.mark.e2e, pytest.mark.slow]
 
@@ -34,10 +34,7 @@ SLOW_ENV = {
 
 
 def scrape(server: UvicornProcess, name: str) -> float:
-    text = httpx.get(f"{server.url}/metrics", timeout=5).text
-    match = re.search(rf"^{re.escape(name)} ([0-9.e+-]+)$", text, re.MULTILINE)
-    assert match, f"{name} missing from /metrics"
-    return float(match.group(1))
+    return metric(httpx.get(f"{server.url}/metrics", timeout=5).text, name)
 
 
 def wait_for(condition: Callable[[], bool], timeout: float = 10.0) -> None:
@@ -120,16 +117,20 @@ def test_sigterm_refuses_new_work_and_finishes_accepted_requests() -> None:
         assert time.monotonic() - started < 10
 
 
-def raw_predict(url: str, body: bytes) -> socket.socket:
-    """Send a complete POST and return the socket without reading the answer."""
+def raw_request(url: str, head: str, body: bytes = b"") -> socket.socket:
     host, port = url.removeprefix("http://").split(":")
     sock = socket.create_connection((host, int(port)))
-    head = (
-        "POST /predict HTTP/1.1\r\n"
-        f"Host: {host}\r\nContent-Type: image/jpeg\r\nContent-Length: {len(body)}\r\n\r\n"
-    )
     sock.sendall(head.encode() + body)
     return sock
+
+
+def raw_predict(url: str, body: bytes) -> socket.socket:
+    """Send a complete POST and return the socket without reading the answer."""
+    head = (
+        "POST /predict HTTP/1.1\r\n"
+        f"Host: x\r\nContent-Type: image/jpeg\r\nContent-Length: {len(body)}\r\n\r\n"
+    )
+    return raw_request(url, head, body)
 
 
 def test_clients_that_hang_up_are_dropped_before_any_work() -> None:
@@ -196,13 +197,6 @@ def test_drain_timeout_bounds_the_exit() -> None:
         # running forward pass cannot be interrupted: the exit waits for it (one batch time).
         assert statuses == [503, 503, 503]
         assert elapsed < 0.5 + 1.5 + 3.0
-
-
-def raw_request(url: str, head: str, body: bytes = b"") -> socket.socket:
-    host, port = url.removeprefix("http://").split(":")
-    sock = socket.create_connection((host, int(port)))
-    sock.sendall(head.encode() + body)
-    return sock
 
 
 def test_a_client_that_hangs_up_mid_upload_leaves_nothing_behind() -> None:
