@@ -15,7 +15,7 @@ from typing import Generic, TypeVar
 from batching.clock import Cancellable, Clock, LoopClock
 from batching.config import BatchConfig
 from batching.errors import BatcherClosedError, DeadlineExceededError, QueueFullError
-from batching.observer import BatchObserver
+from batching.observer import BatchObserver, DropReason, RejectReason
 from batching.policy import decide
 from batching.timing import ExecutionTimeModel
 
@@ -30,16 +30,57 @@ _NEVER = math.inf
 
 
 class _Request(Generic[T, R]):
-    __slots__ = ("arrival", "deadline", "future", "item", "queued")
+    __slots__ = ("arrival", "cost", "deadline", "future", "item", "queued")
 
     def __init__(
-        self, item: T, future: asyncio.Future[R], arrival: float, deadline: float | None
+        self,
+        item: T,
+        future: asyncio.Future[R],
+        arrival: float,
+        deadline: float | None,
+        cost: int,
     ) -> None:
         self.item = item
         self.future = future
         self.arrival = arrival
         self.deadline = deadline
+        self.cost = cost
         self.queued = True
+
+
+class _GuardedObserver(BatchObserver):
+    """Forwards to the real observer and swallows what it raises.
+
+    Hooks run in the middle of the batcher's bookkeeping: a failing metrics hook must never
+    leave a request without an answer, so each failure is logged (once per hook) and ignored.
+    """
+
+    def __init__(self, inner: BatchObserver) -> None:
+        self._inner = inner
+        self._reported: set[str] = set()
+
+    def _call(self, hook: str, *args: object) -> None:
+        try:
+            getattr(self._inner, hook)(*args)
+        except Exception:
+            if hook not in self._reported:
+                self._reported.add(hook)
+                logger.exception("the batch observer's %s hook failed (ignored from now on)", hook)
+
+    def on_reject(self, reason: RejectReason) -> None:
+        self._call("on_reject", reason)
+
+    def on_drop(self, reason: DropReason, queue_wait_s: float) -> None:
+        self._call("on_drop", reason, queue_wait_s)
+
+    def on_dispatch(self, batch_size: int, queue_waits_s: Sequence[float]) -> None:
+        self._call("on_dispatch", batch_size, queue_waits_s)
+
+    def on_complete(self, batch_size: int, duration_s: float, error: BaseException | None) -> None:
+        self._call("on_complete", batch_size, duration_s, error)
+
+    def on_expired_in_flight(self) -> None:
+        self._call("on_expired_in_flight")
 
 
 class DynamicBatcher(Generic[T, R]):
@@ -47,7 +88,11 @@ class DynamicBatcher(Generic[T, R]):
 
     ``run_batch(items)`` runs in a worker thread (at most ``max_inflight_batches`` at once) and
     returns one result or one exception per item, in order; an exception raised by
-    ``run_batch`` itself fails that batch only. Every ``submit`` ends with a result or an error.
+    ``run_batch`` itself fails that batch only. Every ``submit`` ends with a result or an error,
+    whatever the observer or ``run_batch`` raise.
+
+    ``on_failure`` is called once if the batching loop itself dies (a bug): from then on the
+    batcher refuses work, and whoever owns the process should let it be restarted.
     """
 
     def __init__(
@@ -58,16 +103,20 @@ class DynamicBatcher(Generic[T, R]):
         *,
         clock: Clock | None = None,
         timings: ExecutionTimeModel | None = None,
+        on_failure: Callable[[BaseException], None] | None = None,
     ) -> None:
         self.config = config or BatchConfig()
         self.timings = timings or ExecutionTimeModel()
         self._run_batch = run_batch
-        self._observer = observer or BatchObserver()
+        self._observer: BatchObserver = _GuardedObserver(observer or BatchObserver())
+        self._on_failure = on_failure
         self._clock = clock or LoopClock()
         self._queue: deque[_Request[T, R]] = deque()
         self._waiting = 0  # live requests in the queue (cancelled ones are removed lazily)
+        self._waiting_cost = 0
         self._inflight = 0
-        self._executions: set[asyncio.Task[None]] = set()
+        # Each running execution and its batch, so that none is left unanswered on shutdown.
+        self._executions: dict[asyncio.Task[None], list[_Request[T, R]]] = {}
         self._wake = asyncio.Event()
         self._wake_count = _NEVER
         self._loop_task: asyncio.Task[None] | None = None
@@ -89,8 +138,18 @@ class DynamicBatcher(Generic[T, R]):
         return self._waiting
 
     @property
+    def queued_cost(self) -> int:
+        """The sum of the ``cost`` of the requests waiting to be dispatched."""
+        return self._waiting_cost
+
+    @property
     def inflight_batches(self) -> int:
         return self._inflight
+
+    @property
+    def failure(self) -> BaseException | None:
+        """What killed the batching loop, if it died."""
+        return self._failure
 
     @property
     def accepting(self) -> bool:
@@ -145,24 +204,30 @@ class DynamicBatcher(Generic[T, R]):
         self._fail_queued(error)
         if self._deadline_timer is not None:
             self._deadline_timer.cancel()
-        executions = set(self._executions)
+        executions = dict(self._executions)
         for task in executions:
             task.cancel()
         if executions:
             await asyncio.gather(*executions, return_exceptions=True)
+        for batch in executions.values():
+            # A task cancelled before its first step never ran its own error handling.
+            for request in batch:
+                self._settle(request, BatcherClosedError("the server is shutting down"))
         if self._executor is not None:
             # A batch still running in a thread finishes there; nobody waits for it.
             self._executor.shutdown(wait=False, cancel_futures=True)
 
     # -- submitting ----------------------------------------------------------------------
 
-    async def submit(self, item: T, deadline: float | None = None) -> R:
+    async def submit(self, item: T, deadline: float | None = None, *, cost: int = 0) -> R:
         """Queue ``item`` and wait for its result.
 
-        ``deadline`` is absolute, on ``now()``'s clock. Raises ``QueueFullError`` at once when
-        the queue is full, ``DeadlineExceededError`` when the deadline passes first,
-        ``BatcherClosedError`` when draining or closed, or what ``run_batch`` gave this item.
-        Cancelling the caller removes a queued request before dispatch.
+        ``deadline`` is absolute, on ``now()``'s clock. ``cost`` is what the request holds while
+        it waits (bytes, say), summed in ``queued_cost`` until it is dispatched or dropped.
+        Raises ``QueueFullError`` at once when the queue is full, ``DeadlineExceededError`` when
+        the deadline passes first, ``BatcherClosedError`` when draining or closed, or what
+        ``run_batch`` gave this item. Cancelling the caller removes a queued request before
+        dispatch.
         """
         if not self.accepting:
             self._observer.on_reject("closed")
@@ -176,11 +241,12 @@ class DynamicBatcher(Generic[T, R]):
             raise DeadlineExceededError(dispatched=False)
 
         future: asyncio.Future[R] = asyncio.get_running_loop().create_future()
-        request = _Request(item, future, now, deadline)
+        request = _Request(item, future, now, deadline, cost)
         if deadline is not None:
             self._watch_deadline(request, deadline)
         self._queue.append(request)
         self._waiting += 1
+        self._waiting_cost += cost
         if self._waiting >= self._wake_count:
             self._wake.set()
         try:
@@ -208,6 +274,7 @@ class DynamicBatcher(Generic[T, R]):
     def _dequeue(self, request: _Request[T, R]) -> None:
         request.queued = False
         self._waiting -= 1
+        self._waiting_cost -= request.cost
 
     def _watch_deadline(self, request: _Request[T, R], deadline: float) -> None:
         heap = self._deadlines
@@ -239,10 +306,11 @@ class DynamicBatcher(Generic[T, R]):
         dispatched = not request.queued
         if request.queued:
             self._dequeue(request)
-            self._observer.on_drop("deadline_exceeded", self._clock.now() - request.arrival)
-        else:
-            self._observer.on_expired_in_flight()
         request.future.set_exception(DeadlineExceededError(dispatched=dispatched))
+        if dispatched:
+            self._observer.on_expired_in_flight()
+        else:
+            self._observer.on_drop("deadline_exceeded", self._clock.now() - request.arrival)
 
     def _fail_queued(self, error: BaseException) -> None:
         while self._queue:
@@ -262,6 +330,8 @@ class DynamicBatcher(Generic[T, R]):
             logger.exception("the batching loop crashed; failing waiting requests")
             self._failure = exc
             self._fail_queued(BatcherClosedError("the batching loop failed"))
+            if self._on_failure is not None:
+                self._on_failure(exc)
 
     async def _form_batches(self) -> None:
         config = self.config
@@ -288,9 +358,16 @@ class DynamicBatcher(Generic[T, R]):
             if decision.size == 0:
                 await self._sleep(decision.wake_at, decision.wake_count)
                 continue
-            batch = self._take(decision.size, now)
-            if batch:
-                self._launch(batch, now)
+            batch: list[_Request[T, R]] = []
+            try:
+                self._take(batch, decision.size, now)
+                if batch:
+                    self._launch(batch, now)
+            except BaseException:
+                # Taken from the queue but never handed to an execution: answer them here.
+                for request in batch:
+                    self._settle(request, BatcherClosedError("the batching loop failed"))
+                raise
 
     def _head(self) -> _Request[T, R] | None:
         queue = self._queue
@@ -309,8 +386,8 @@ class DynamicBatcher(Generic[T, R]):
             if timer is not None:
                 timer.cancel()
 
-    def _take(self, size: int, now: float) -> list[_Request[T, R]]:
-        batch: list[_Request[T, R]] = []
+    def _take(self, batch: list[_Request[T, R]], size: int, now: float) -> None:
+        """Move up to ``size`` live requests from the queue into ``batch``."""
         queue = self._queue
         while queue and len(batch) < size:
             request = queue.popleft()
@@ -319,22 +396,21 @@ class DynamicBatcher(Generic[T, R]):
             if request.deadline is not None and request.deadline <= now:
                 self._expire(request)  # its timer has not fired yet; same outcome
                 continue
-            self._dequeue(request)
             batch.append(request)
-        return batch
+            self._dequeue(request)
 
     def _launch(self, batch: list[_Request[T, R]], now: float) -> None:
-        self._inflight += 1
-        self._observer.on_dispatch(len(batch), [now - request.arrival for request in batch])
         task = asyncio.get_running_loop().create_task(self._execute(batch))
-        self._executions.add(task)
-        task.add_done_callback(self._executions.discard)
+        self._inflight += 1
+        self._executions[task] = batch
+        task.add_done_callback(self._forget)
+        self._observer.on_dispatch(len(batch), [now - request.arrival for request in batch])
 
     async def _execute(self, batch: list[_Request[T, R]]) -> None:
-        assert self._executor is not None
         started = self._clock.now()
         error: BaseException | None = None
         try:
+            assert self._executor is not None
             items = [request.item for request in batch]
             results = await asyncio.get_running_loop().run_in_executor(
                 self._executor, self._run_batch, items
@@ -351,6 +427,14 @@ class DynamicBatcher(Generic[T, R]):
             error = exc
             for request in batch:
                 self._settle(request, exc)
+        except BaseException as exc:
+            # SystemExit or the like from inside run_batch's thread: it must not stop the event
+            # loop, and the requests still need an answer they can be mapped to.
+            logger.error("run_batch raised %s; failing its batch", type(exc).__name__, exc_info=exc)
+            error = RuntimeError(f"run_batch raised {type(exc).__name__}")
+            error.__cause__ = exc
+            for request in batch:
+                self._settle(request, error)
         else:
             for request, result in zip(batch, results, strict=True):
                 self._settle(request, result)
@@ -361,6 +445,9 @@ class DynamicBatcher(Generic[T, R]):
         if error is None:
             self.timings.observe(len(batch), duration)
         self._observer.on_complete(len(batch), duration, error)
+
+    def _forget(self, task: asyncio.Task[None]) -> None:
+        self._executions.pop(task, None)
 
     @staticmethod
     def _settle(request: _Request[T, R], outcome: R | BaseException) -> None:
