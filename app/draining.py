@@ -53,7 +53,7 @@ class SigtermDrain:
         """Start draining (idempotent)."""
         if self._task is not None:
             return
-        self._server.start_draining()
+        self._server.lifecycle.drain()
         logger.info("SIGTERM: draining %d request(s) in progress", self._server.active)
         self._task = asyncio.get_running_loop().create_task(self._drain_then_exit())
 
@@ -67,8 +67,8 @@ class SigtermDrain:
                 self._server.active,
             )
             # Answer what is left now, so that uvicorn need not wait for those connections.
-            if self._server.batcher is not None:
-                await self._server.batcher.aclose(drain_timeout=0)
+            if self._server.serving is not None:
+                await self._server.serving.batcher.aclose(drain_timeout=0)
         self._hand_over()
 
     def _hand_over(self) -> None:

@@ -8,7 +8,9 @@ from __future__ import annotations
 
 import logging
 import math
+from collections.abc import MutableMapping
 from dataclasses import dataclass
+from typing import Any
 
 import torch
 from fastapi import FastAPI, Request
@@ -61,6 +63,12 @@ class NotReadyError(ServiceError):
     status, code, outcome = 503, "not_ready", "not_ready"
 
 
+class OverloadedError(ServiceError):
+    """Admitting one more request would exceed ``MAX_QUEUE_SIZE`` or ``MAX_QUEUE_BYTES``."""
+
+    status, code, outcome = 503, "overloaded", "overloaded"
+
+
 @dataclass(frozen=True)
 class ErrorInfo:
     status: int
@@ -99,6 +107,22 @@ def error_response(info: ErrorInfo, headers: dict[str, str] | None = None) -> Re
     return json_response(body, status_code=info.status, headers={**info.headers, **(headers or {})})
 
 
+def mark_outcome(scope: MutableMapping[str, Any], outcome: str) -> None:
+    """Record how this request ended, for ``batchserve_requests_total{outcome}``."""
+    scope.setdefault("state", {})["outcome"] = outcome
+
+
+def answer_error(
+    request: Request, exc: BaseException, headers: dict[str, str] | None = None
+) -> Response:
+    """The response for ``exc``; an unexpected one is logged with the request id first."""
+    info = describe(exc)
+    if info.code == "internal_error":
+        log_unexpected(exc, request_id_of(request.scope))
+    mark_outcome(request.scope, info.outcome)
+    return error_response(info, headers)
+
+
 def log_unexpected(exc: BaseException, request_id: str | None) -> None:
     logger.error("unhandled error while serving request %s", request_id or "-", exc_info=exc)
 
@@ -118,10 +142,7 @@ def install_error_handlers(app: FastAPI) -> None:
     """Answer every error with the JSON shape ``{"error": {"code", "message"}}``."""
 
     async def service_error(request: Request, exc: Exception) -> Response:
-        info = describe(exc)
-        if info.status >= 500 and info.code == "internal_error":
-            log_unexpected(exc, request_id_of(request.scope))
-        return error_response(info)
+        return answer_error(request, exc)
 
     async def validation_error(request: Request, exc: Exception) -> Response:
         assert isinstance(exc, RequestValidationError)
@@ -130,6 +151,7 @@ def install_error_handlers(app: FastAPI) -> None:
             where = ".".join(str(part) for part in error.get("loc", ()) if part != "query")
             problems.append(f"{where}: {error.get('msg', 'invalid')}")
         message = "; ".join(problems) or "invalid parameters"
+        mark_outcome(request.scope, "invalid")
         return error_response(ErrorInfo(422, "invalid_parameter", message, "invalid", {}))
 
     async def http_error(request: Request, exc: Exception) -> Response:
@@ -137,11 +159,11 @@ def install_error_handlers(app: FastAPI) -> None:
         code = _HTTP_CODES.get(exc.status_code, "http_error")
         detail = exc.detail if isinstance(exc.detail, str) else "request failed"
         headers = dict(exc.headers or {})
+        mark_outcome(request.scope, "invalid")
         return error_response(ErrorInfo(exc.status_code, code, detail, "invalid", headers))
 
     async def unexpected(request: Request, exc: Exception) -> Response:
-        log_unexpected(exc, request_id_of(request.scope))
-        return error_response(describe(exc))
+        return answer_error(request, exc)
 
     for error_type in (
         ServiceError,

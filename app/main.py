@@ -8,22 +8,27 @@ from collections.abc import AsyncIterator
 from concurrent.futures import ThreadPoolExecutor
 from contextlib import asynccontextmanager
 
-from fastapi import FastAPI
+from fastapi import Depends, FastAPI
 from prometheus_fastapi_instrumentator import Instrumentator
 
+from app.admission import Admission
+from app.auth import require_api_key
 from app.draining import SigtermDrain
-from app.engine import build_engine
+from app.engine import build_engine, resolve_device
 from app.errors import install_error_handlers
 from app.limits import HeaderLimitMiddleware
 from app.logs import configure_logging
 from app.metrics import Metrics
+from app.outcomes import OutcomeMiddleware
 from app.requestid import RequestIdMiddleware
 from app.routes import health, metrics, models, predict
 from app.settings import Settings, SettingsError, load_settings
-from app.state import ServerState
+from app.state import ServerState, Serving
 from batching import DynamicBatcher, ExecutionTimeModel
 
 logger = logging.getLogger("batchserve")
+
+PREDICTION_PATHS = frozenset({"/predict"})
 
 
 def create_app(settings: Settings | None = None) -> FastAPI:
@@ -44,46 +49,70 @@ def create_app(settings: Settings | None = None) -> FastAPI:
     )
     app.state.server = server
     install_error_handlers(app)
-    for router in (predict.router, health.router, models.router, metrics.router):
-        app.include_router(router)
+    # Authentication is wired here and only here: a protected route checks the key before
+    # anything of the request (parameters included) is looked at.
+    protected = [Depends(require_api_key)]
+    app.include_router(predict.router, dependencies=protected)
+    app.include_router(models.router, dependencies=protected)
+    app.include_router(metrics.router, dependencies=protected if settings.protect_metrics else [])
+    app.include_router(health.router)
     Instrumentator(
         registry=server.metrics.registry,
         excluded_handlers=["/metrics", "/healthz", "/readyz"],
     ).instrument(app)
     app.add_middleware(RequestIdMiddleware)  # ids and start times for everything below
     app.add_middleware(HeaderLimitMiddleware, max_bytes=settings.max_header_bytes)
+    app.add_middleware(
+        OutcomeMiddleware,
+        counted=PREDICTION_PATHS.__contains__,
+        count=server.metrics.count_request,
+    )
     return app
 
 
 def _lifespan(server: ServerState):  # type: ignore[no-untyped-def]
     @asynccontextmanager
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:
-        settings, metrics = server.settings, server.metrics
+        settings, metrics, lifecycle = server.settings, server.metrics, server.lifecycle
+        config = settings.batch_config(resolve_device(settings.device).type)
         # Loading and warm-up take seconds: keep them off the event loop.
-        engine = await asyncio.to_thread(build_engine, settings, metrics)
+        engine = await asyncio.to_thread(build_engine, settings, config, metrics)
         warmup = await asyncio.to_thread(engine.warmup)
-        config = settings.batch_config(engine.max_inflight_batches)
         timings = ExecutionTimeModel()
         for size, seconds in warmup.items():
             timings.observe(size, seconds)
-        batcher = DynamicBatcher(engine.run_batch, config, observer=metrics, timings=timings)
+        batcher = DynamicBatcher(
+            engine.run_batch,
+            config,
+            observer=metrics,
+            timings=timings,
+            on_failure=lambda error: lifecycle.fail("the batching loop failed"),
+        )
         batcher.start()
-        metrics.track(lambda: batcher.queue_depth, lambda: batcher.inflight_batches)
-        metrics.model_info.labels(engine.name, str(engine.device), engine.precision).set(1)
+        admission = Admission(batcher, config.max_queue_size, settings.max_queue_bytes)
+        metrics.track(
+            lambda: batcher.queue_depth,
+            lambda: batcher.inflight_batches,
+            lambda: admission.bytes,
+        )
+        metrics.model_info.labels(
+            engine.name, str(engine.device), engine.precision, engine.backend.name
+        ).set(1)
         if engine.device.type == "cuda":
             metrics.track_cuda(engine.device)
         decode_pool = ThreadPoolExecutor(settings.decode_threads, thread_name_prefix="decode")
-        server.engine, server.batcher, server.decode_pool = engine, batcher, decode_pool
-        server.ready = True
-        metrics.ready.set(1)
+        server.serving = Serving(engine, batcher, admission, decode_pool)
+        lifecycle.serve()
         drain = SigtermDrain(server, settings.drain_timeout_s)
         drain.install()
         logger.info(
-            "serving %s (%s weights) on %s in %s; batches up to %d, window %.1f ms",
+            "serving %s (%s weights) on %s in %s with %s %s; batches up to %d, window %.1f ms",
             engine.name,
             engine.weights,
             engine.device,
             engine.precision,
+            engine.backend.name,
+            engine.backend.variant,
             config.max_batch_size,
             config.max_queue_delay_s * 1000,
         )
@@ -91,10 +120,10 @@ def _lifespan(server: ServerState):  # type: ignore[no-untyped-def]
             yield
         finally:
             drain.uninstall()
-            server.start_draining()
-            server.not_ready_reason = "the server is shutting down"
+            lifecycle.drain()
             await batcher.aclose(settings.drain_timeout_s)
             decode_pool.shutdown(wait=False, cancel_futures=True)
+            lifecycle.stop()
             logger.info("stopped")
 
     return lifespan

@@ -1,4 +1,4 @@
-"""Prometheus metrics: the batcher's, the pipeline stages', and the device's.
+"""Prometheus metrics: the batcher's, the engine's, the pipeline stages' and the device's.
 
 Each app gets its own registry, so several apps (tests, a benchmark) can live in one process.
 """
@@ -11,6 +11,8 @@ import torch
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
 from prometheus_client.process_collector import ProcessCollector
 
+from app.engine.observer import BatchReport, EngineObserver
+from app.lifecycle import Phase
 from batching import BatchObserver
 from batching.observer import DropReason, RejectReason
 
@@ -24,17 +26,12 @@ OUTCOMES = (
     "cancelled",
     "error",
 )
-STAGES = (
-    "parse",
-    "decode",
-    "queue",
-    "collate",
-    "h2d",
-    "forward",
-    "d2h",
-    "postprocess",
-    "serialize",
-)
+# Per request: parse, decode (on the CPU, with resize and crop), serialize.
+REQUEST_STAGES = ("parse", "decode", "serialize")
+# Per batch: device_decode (JPEGs decoded on the device), h2d, collate, forward, postprocess,
+# d2h; timed with CUDA events on a GPU.
+BATCH_STAGES = ("device_decode", "h2d", "collate", "forward", "postprocess", "d2h")
+STAGES = REQUEST_STAGES + BATCH_STAGES
 
 _SECONDS_BUCKETS = (
     0.0001, 0.00025, 0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05,
@@ -43,7 +40,7 @@ _SECONDS_BUCKETS = (
 _BATCH_BUCKETS = (1, 2, 3, 4, 6, 8, 12, 16, 24, 32, 48, 64, 96, 128, 256, 512, 1024)
 
 
-class Metrics(BatchObserver):
+class Metrics(BatchObserver, EngineObserver):
     """All of batchserve's own metrics, registered in ``registry``."""
 
     def __init__(self, registry: CollectorRegistry | None = None) -> None:
@@ -52,6 +49,12 @@ class Metrics(BatchObserver):
         r = self.registry
         self.queue_depth = Gauge(
             "batchserve_queue_depth", "Requests waiting to be batched", registry=r
+        )
+        self.admitted_bytes = Gauge(
+            "batchserve_admitted_bytes",
+            "Encoded bytes held by admitted requests not yet dispatched (bounded by "
+            "MAX_QUEUE_BYTES)",
+            registry=r,
         )
         self.inflight_batches = Gauge(
             "batchserve_inflight_batches", "Batches being prepared or executed", registry=r
@@ -64,19 +67,23 @@ class Metrics(BatchObserver):
         )
         self.queue_wait = Histogram(
             "batchserve_queue_wait_seconds",
-            "Submit to dispatch (or to drop), per request",
+            "Submit to dispatch, per dispatched request (dropped ones are counted apart)",
             buckets=_SECONDS_BUCKETS,
             registry=r,
         )
         self.stage = Histogram(
             "batchserve_stage_seconds",
-            "Time per pipeline stage (per batch for collate..postprocess, else per request)",
+            "Time per pipeline stage: parse, decode, serialize per request; device_decode, h2d, "
+            "collate, forward, postprocess, d2h per batch",
             ["stage"],
             buckets=_SECONDS_BUCKETS,
             registry=r,
         )
         self.requests = Counter(
-            "batchserve_requests", "Prediction requests by outcome", ["outcome"], registry=r
+            "batchserve_requests",
+            "Every answer of the prediction routes, by outcome",
+            ["outcome"],
+            registry=r,
         )
         self.rejected = Counter(
             "batchserve_rejected_requests",
@@ -98,31 +105,57 @@ class Metrics(BatchObserver):
         self.batches = Counter(
             "batchserve_batches", "Executed batches by result", ["result"], registry=r
         )
+        self.padding_rows = Counter(
+            "batchserve_padding_rows",
+            "Rows computed only to pad batches to a fixed shape (CUDA graphs, inductor)",
+            registry=r,
+        )
         self.device_busy = Counter(
             "batchserve_device_busy_seconds",
-            "Time the device spent executing batches (its rate is the utilisation)",
+            "Device time from each batch's forward pass to the end of its readback "
+            "(its rate is the compute utilisation)",
+            registry=r,
+        )
+        self.device_preprocess = Counter(
+            "batchserve_device_preprocess_seconds",
+            "Device time spent preparing batches: decoding on the device, copies, normalisation "
+            "(on a GPU it overlaps the forward pass of the previous batch)",
             registry=r,
         )
         self.model_info = Gauge(
             "batchserve_model_info",
             "The served model (always 1)",
-            ["model", "device", "precision"],
+            ["model", "device", "precision", "backend"],
             registry=r,
         )
         self.ready = Gauge("batchserve_ready", "1 while /readyz answers 200", registry=r)
+        self.state = Gauge(
+            "batchserve_state", "1 for the server's current lifecycle phase", ["state"], registry=r
+        )
         for outcome in OUTCOMES:
             self.requests.labels(outcome)
-        for stage in STAGES:
-            self.stage.labels(stage)
         for result in ("ok", "error"):
             self.batches.labels(result)
         self._stage_children = {stage: self.stage.labels(stage) for stage in STAGES}
         self._request_children = {outcome: self.requests.labels(outcome) for outcome in OUTCOMES}
+        self._state_children = {phase: self.state.labels(phase.value) for phase in Phase}
 
-    def track(self, queue_depth: Callable[[], float], inflight: Callable[[], float]) -> None:
-        """Read the batcher's gauges at scrape time rather than on every request."""
+    def track(
+        self,
+        queue_depth: Callable[[], float],
+        inflight: Callable[[], float],
+        admitted_bytes: Callable[[], float],
+    ) -> None:
+        """Read the gauges at scrape time rather than on every request."""
         self.queue_depth.set_function(queue_depth)
         self.inflight_batches.set_function(inflight)
+        self.admitted_bytes.set_function(admitted_bytes)
+
+    def on_phase(self, phase: Phase) -> None:
+        """A lifecycle listener."""
+        self.ready.set(1 if phase is Phase.READY else 0)
+        for each, child in self._state_children.items():
+            child.set(1 if each is phase else 0)
 
     def track_cuda(self, device: torch.device) -> None:
         """GPU memory from PyTorch's allocator; utilisation from NVML when it is installed."""
@@ -152,6 +185,16 @@ class Metrics(BatchObserver):
     def count_request(self, outcome: str) -> None:
         self._request_children[outcome].inc()
 
+    # -- EngineObserver ------------------------------------------------------------------
+
+    def on_batch(self, report: BatchReport) -> None:
+        for stage, seconds in report.stages.items():
+            self._stage_children[stage].observe(seconds)
+        self.device_busy.inc(report.busy_s)
+        self.device_preprocess.inc(report.preprocess_s)
+        if report.padded_rows > report.rows:
+            self.padding_rows.inc(report.padded_rows - report.rows)
+
     # -- BatchObserver -------------------------------------------------------------------
 
     def on_reject(self, reason: RejectReason) -> None:
@@ -159,7 +202,6 @@ class Metrics(BatchObserver):
 
     def on_drop(self, reason: DropReason, queue_wait_s: float) -> None:
         self.dropped.labels(reason).inc()
-        self.queue_wait.observe(queue_wait_s)
 
     def on_dispatch(self, batch_size: int, queue_waits_s: Sequence[float]) -> None:
         self.batch_size.observe(batch_size)

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from typing import Any
+
 from pydantic import BaseModel
 
 
@@ -27,6 +29,7 @@ class ErrorBody(BaseModel):
 
 class Status(BaseModel):
     status: str
+    state: str
     reason: str | None = None
 
 
@@ -35,6 +38,7 @@ class BatchingInfo(BaseModel):
     max_queue_delay_ms: float
     preferred_batch_sizes: list[int]
     max_queue_size: int
+    max_queue_bytes: int
     max_inflight_batches: int
     latency_slo_ms: float | None
     dispatch_when_idle: bool
@@ -46,8 +50,8 @@ class ModelInfo(BaseModel):
     weights: str
     device: str
     precision: str
-    compile: str
-    cuda_graphs: bool
+    state: str
+    backend: dict[str, Any]
     input_shape: list[int]
     resize_size: int
     num_classes: int

@@ -46,6 +46,7 @@ class Settings(BaseSettings):
     max_queue_delay_ms: float | None = Field(None, ge=0, le=60_000)
     preferred_batch_sizes: Annotated[tuple[int, ...], NoDecode] = ()
     max_queue_size: int = Field(1024, ge=1)
+    max_queue_bytes: int = Field(256 * 1024 * 1024, ge=1024)
     max_inflight_batches: int | None = Field(None, ge=1, le=16)
     latency_slo_ms: float | None = Field(None, gt=0)
     dispatch_when_idle: bool = True
@@ -59,6 +60,7 @@ class Settings(BaseSettings):
     max_header_bytes: int = Field(16 * 1024, ge=1024)
     top_k: int = Field(5, ge=1)
     decode_workers: int | None = Field(None, ge=1, le=256)
+    torch_threads: int | None = Field(None, ge=1, le=1024)
 
     # Operations
     api_key: SecretStr | None = None
@@ -104,6 +106,11 @@ class Settings(BaseSettings):
                     f"PREFERRED_BATCH_SIZES: {size} is not between 1 and MAX_BATCH_SIZE "
                     f"({self.max_batch_size})"
                 )
+        if self.max_queue_bytes < self.max_image_bytes:
+            raise ValueError(
+                f"MAX_QUEUE_BYTES ({self.max_queue_bytes}) must be at least MAX_IMAGE_BYTES "
+                f"({self.max_image_bytes}), or the largest accepted image could never be queued"
+            )
         if (
             self.image_size is not None
             and self.resize_size is not None
@@ -131,15 +138,25 @@ class Settings(BaseSettings):
     def decode_threads(self) -> int:
         return self.decode_workers or os.cpu_count() or 1
 
-    def batch_config(self, max_inflight_batches: int | None = None) -> BatchConfig:
-        """The batcher's configuration; ``max_inflight_batches`` is the device-resolved value
-        when the setting is unset (see ``app.engine.device.resolve_inflight``)."""
+    @property
+    def intra_op_threads(self) -> int:
+        """Threads torch (and any other runtime) uses inside one forward pass."""
+        return self.torch_threads or os.cpu_count() or 1
+
+    def batch_config(self, device_type: str) -> BatchConfig:
+        """The batcher's configuration for a model on a device of this type (``cpu``, ``cuda``).
+
+        ``MAX_INFLIGHT_BATCHES`` defaults to 2 on CUDA, so that batch N+1 is decoded and copied
+        on its own stream while N computes, and to 1 on a CPU, where decoding already overlaps
+        in the decode threads and a second batch would only compete for the same cores.
+        """
+        inflight = self.max_inflight_batches or (2 if device_type == "cuda" else 1)
         return BatchConfig(
             max_batch_size=self.max_batch_size,
             max_queue_delay_s=self.queue_delay_s,
             preferred_batch_sizes=self.preferred_batch_sizes,
             max_queue_size=self.max_queue_size,
-            max_inflight_batches=max_inflight_batches or self.max_inflight_batches or 2,
+            max_inflight_batches=inflight,
             latency_slo_s=None if self.latency_slo_ms is None else self.latency_slo_ms / 1000,
             dispatch_when_idle=self.dispatch_when_idle,
         )

@@ -1,4 +1,4 @@
-"""What the routes share: the engine, the batcher, the metrics and the readiness flag."""
+"""What the routes share: the lifecycle, the engine, the batcher, admission and the metrics."""
 
 from __future__ import annotations
 
@@ -8,28 +8,37 @@ from dataclasses import dataclass, field
 
 from fastapi import Request
 
+from app.admission import Admission
 from app.engine import InferenceEngine, InferenceRequest, Prediction
 from app.errors import NotReadyError
+from app.lifecycle import Lifecycle
 from app.metrics import Metrics
 from app.settings import Settings
 from batching import DynamicBatcher
 
 
 @dataclass
+class Serving:
+    """The parts that exist once the model is loaded and the batcher runs."""
+
+    engine: InferenceEngine
+    batcher: DynamicBatcher[InferenceRequest, Prediction]
+    admission: Admission
+    decode_pool: ThreadPoolExecutor
+
+
+@dataclass
 class ServerState:
     settings: Settings
     metrics: Metrics
-    engine: InferenceEngine | None = None
-    batcher: DynamicBatcher[InferenceRequest, Prediction] | None = None
-    decode_pool: ThreadPoolExecutor | None = None
-    ready: bool = False
-    preparing: int = 0  # admitted /predict requests not yet in the batcher's queue
-    active: int = 0  # /predict requests in progress
+    lifecycle: Lifecycle = field(default_factory=Lifecycle)
+    serving: Serving | None = None
+    active: int = 0  # prediction requests in progress
     idle: asyncio.Event = field(default_factory=asyncio.Event)
-    not_ready_reason: str = field(default="the model is loading")
 
     def __post_init__(self) -> None:
         self.idle.set()
+        self.lifecycle.subscribe(self.metrics.on_phase)
 
     def enter(self) -> None:
         self.active += 1
@@ -40,29 +49,11 @@ class ServerState:
         if self.active == 0:
             self.idle.set()
 
-    def start_draining(self) -> None:
-        self.ready = False
-        self.not_ready_reason = "the server is draining"
-        self.metrics.ready.set(0)
-
-    def unready_reason(self) -> str | None:
-        """Why ``/readyz`` answers 503 (None while ready)."""
-        if not self.ready or self.batcher is None:
-            return self.not_ready_reason
-        if not self.batcher.accepting:
-            return "the batcher has stopped"
-        return None
-
-    def require_ready(
-        self,
-    ) -> tuple[InferenceEngine, DynamicBatcher[InferenceRequest, Prediction], ThreadPoolExecutor]:
-        reason = self.unready_reason()
-        if reason is not None:
-            raise NotReadyError(reason, headers={"Retry-After": "1"})
-        assert self.engine is not None
-        assert self.batcher is not None
-        assert self.decode_pool is not None
-        return self.engine, self.batcher, self.decode_pool
+    def require_ready(self) -> Serving:
+        """The serving parts, or ``NotReadyError`` (503 with ``Retry-After``)."""
+        if not self.lifecycle.ready or self.serving is None:
+            raise NotReadyError(self.lifecycle.reason, headers={"Retry-After": "1"})
+        return self.serving
 
 
 def server_state(request: Request) -> ServerState:

@@ -54,7 +54,7 @@ def parse_overrides(items: list[str]) -> dict[str, str]:
 
 
 def engine_for(model: str, weights: str, overrides: dict[str, str], batch: int) -> InferenceEngine:
-    settings = dict(overrides)
+    settings: dict[str, Any] = dict(overrides)
     precision = settings.pop("precision", "auto")
     return make_engine(model, precision, batch, weights=weights, warm=False, **settings)
 
@@ -142,8 +142,8 @@ def run(args: argparse.Namespace) -> tuple[dict[str, Any], list[str]]:
     report = compare(reference, candidate, samples, reference_engine)
     report.update({
         "model": args.model, "weights": reference_engine.weights,
-        "reference": f"{reference_engine.precision}, {reference_engine.compile_mode}",
-        "candidate": f"{candidate_engine.precision}, {candidate_engine.compile_mode}",
+        "reference": f"{reference_engine.precision}, {reference_engine.backend.variant}",
+        "candidate": f"{candidate_engine.precision}, {candidate_engine.backend.variant}",
     })  # fmt: skip
     return report, verdict(report, args)
 

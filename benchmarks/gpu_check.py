@@ -6,10 +6,13 @@ In one run of a few minutes it:
 2. compares nvjpeg decoding with CPU decoding (mean absolute pixel difference);
 3. compares fp16 (bf16 on a CPU) with fp32: top-1 agreement, largest probability difference;
 4. compares CUDA-graph replay with eager execution;
-5. measures offline throughput per batch size and precision (forward only, and the whole
+5. checks the batch pipeline: readback buffers pinned and contiguous, batch N+1's forward
+   pass queued before batch N's results are back, concurrent batches giving the answers of
+   sequential ones, and what padding a batch of 17 to its bucket of 32 costs;
+6. measures offline throughput per batch size and precision (forward only, and the whole
    pipeline without HTTP): the ceiling;
-6. measures served throughput in-process through the real app (ASGI, 64 clients);
-7. profiles a few batches with ``torch.profiler`` and reports the GPU busy ratio;
+7. measures served throughput in-process through the real app (ASGI, 64 clients);
+8. profiles a few batches with ``torch.profiler`` and reports the GPU busy ratio;
 
 and writes everything to ``gpu_check.md`` and ``gpu_check.json`` under ``--out``. Without CUDA
 it runs in a clearly labelled degraded mode: the CUDA parts are skipped, the rest runs on the
@@ -41,6 +44,12 @@ from benchmarks import accuracy, offline
 from benchmarks.common import RESULTS, machine, machine_markdown, table
 from benchmarks.corpus import generate
 from benchmarks.loadgen import LoadSpec, run
+from benchmarks.pipeline_checks import (
+    ReportLog,
+    concurrent_agreement,
+    padding_cost,
+    readback_overlap,
+)
 from benchmarks.profile import profile_batches
 from preprocessing import decode_cpu, read_header
 from preprocessing.device import decode_jpegs
@@ -106,6 +115,20 @@ def graphs_agreement(model: str, images: list[bytes], batch: int) -> dict[str, A
             "max_top1_probability_difference": max(differences)}  # fmt: skip
 
 
+def pipeline(model: str, precision: str, images: list[bytes], batch: int) -> dict[str, Any]:
+    log = ReportLog()
+    engine = offline.make_engine(model, precision, batch, compile="none", observer=log)
+    size = min(batch, 32)
+    result: dict[str, Any] = {
+        "overlap": readback_overlap(engine, log, images, size, batches=10),
+        "concurrent": concurrent_agreement(engine, images, size, batches=8),
+    }
+    padded = offline.make_engine(model, precision, 32, compile="none", warm=False)
+    result["padding"] = padding_cost(padded, 17)
+    result["pads_to_buckets"] = engine.pads_to_buckets
+    return result
+
+
 async def served(settings: Settings, images: list[bytes], clients: int,
                  seconds: float) -> dict[str, Any]:  # fmt: skip
     app = create_app(settings)
@@ -134,26 +157,28 @@ def check(args: argparse.Namespace) -> dict[str, Any]:
     }
     low = "fp16" if cuda else "bf16"
 
-    print("1/7 CUDA tests", flush=True)
+    print("1/8 CUDA tests", flush=True)
     data["tests"] = SKIPPED if args.skip_tests or not cuda else run_cuda_tests()
-    print("2/7 decode agreement", flush=True)
+    print("2/8 decode agreement", flush=True)
     data["decode"] = decode_agreement(images) if cuda else SKIPPED
-    print("3/7 precision agreement", flush=True)
+    print("3/8 precision agreement", flush=True)
     data["precision"] = precision_agreement(args.model, low, images, args.batch_sizes[-1])
-    print("4/7 CUDA graphs vs eager", flush=True)
+    print("4/8 CUDA graphs vs eager", flush=True)
     data["graphs"] = graphs_agreement(args.model, images, min(8, args.batch_sizes[-1])) \
         if cuda else SKIPPED  # fmt: skip
-    print("5/7 offline throughput", flush=True)
+    print("5/8 batch pipeline", flush=True)
+    data["pipeline"] = pipeline(args.model, low, images, args.batch_sizes[-1])
+    print("6/8 offline throughput", flush=True)
     precisions = ["fp16", "bf16", "fp32"] if cuda else ["bf16"]
     data["offline"] = offline.measure(
         args.model, precisions, args.batch_sizes, images, args.seconds, 1, args.decode_threads
     )
-    print("6/7 served in-process", flush=True)
+    print("7/8 served in-process", flush=True)
     settings = Settings(_env_file=None, model=args.model, weights="none", precision=low,
                         max_batch_size=args.batch_sizes[-1], cuda_graphs=cuda,
                         log_level="warning")  # fmt: skip
     data["served"] = asyncio.run(served(settings, images, args.clients, args.seconds * 2))
-    print("7/7 profile", flush=True)
+    print("8/8 profile", flush=True)
     trace = Path(args.out) / "gpu_check_trace.json"
     data["profile"] = profile_batches(args.model, low, args.batch_sizes[-1], 4, images, trace)
     data["elapsed_s"] = time.perf_counter() - started
@@ -198,15 +223,31 @@ Mode: **{data["mode"]}**. Took {data["elapsed_s"]:.0f} s.
 
 {section(data["graphs"])}
 
-## 5. Offline throughput (images/s)
+## 5. Batch pipeline
+
+Does padding only where it pays hold here? Forward pass of 17 rows as they are vs padded to
+the bucket of 32 (eager; batches are padded only when CUDA graphs are captured):
+
+{section(data["pipeline"]["padding"])}
+
+Readback and overlap (two batches in flight; a pair overlaps when batch N+1's forward pass
+was queued before batch N's results were back on the host):
+
+{section(data["pipeline"]["overlap"])}
+
+The same batches run one at a time and from two threads at once:
+
+{section(data["pipeline"]["concurrent"])}
+
+## 6. Offline throughput (images/s)
 
 {table(["precision", "batch", "forward", "sequential", "overlapped"], offline_rows)}
 
-## 6. Served in-process (real app over ASGI, closed loop)
+## 7. Served in-process (real app over ASGI, closed loop)
 
 {table(["images/s", "p50 ms", "p99 ms", "mean batch", "device busy"], served_rows)}
 
-## 7. Profile
+## 8. Profile
 
 GPU busy ratio: {"n/a on CPU" if busy is None else f"{busy:.2f}"}
 

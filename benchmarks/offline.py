@@ -25,7 +25,13 @@ from typing import Any
 
 import torch
 
-from app.engine import InferenceEngine, InferenceRequest, build_engine
+from app.engine import (
+    EngineObserver,
+    InferenceEngine,
+    InferenceRequest,
+    build_engine,
+    resolve_device,
+)
 from app.settings import Settings
 from benchmarks.common import machine, machine_markdown, median, table, write_results
 from benchmarks.corpus import corpus
@@ -34,14 +40,15 @@ from preprocessing import PreparedImage
 
 def make_engine(
     model: str, precision: str, max_batch_size: int, *, weights: str = "none", warm: bool = True,
-    **extra: Any,
+    observer: EngineObserver | None = None, **extra: Any,
 ) -> InferenceEngine:  # fmt: skip
     """An engine built from settings as the server builds it (seeded random weights by default)."""
     settings = Settings(
         _env_file=None, model=model, weights=weights, precision=precision,
         max_batch_size=max_batch_size, log_level="warning", **extra,
     )  # fmt: skip
-    engine = build_engine(settings)
+    config = settings.batch_config(resolve_device(settings.device).type)
+    engine = build_engine(settings, config, observer)
     if warm:
         engine.warmup()
     return engine
@@ -62,12 +69,14 @@ def _rate(work: Callable[[], int], seconds: float) -> float:
 
 
 def forward_only(engine: InferenceEngine, batch_size: int, seconds: float) -> float:
+    backend = engine.backend
     batch = torch.randn(batch_size, *engine.input_shape, device=engine.device)
-    batch = batch.to(engine.dtype).contiguous(memory_format=torch.channels_last)
+    layout = torch.channels_last if backend.channels_last else torch.contiguous_format
+    batch = batch.to(backend.input_dtype).contiguous(memory_format=layout)
 
     def work() -> int:
         with torch.inference_mode():
-            engine.model(batch)
+            backend.forward(batch)
         _sync(engine)
         return batch_size
 

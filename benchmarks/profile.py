@@ -3,8 +3,8 @@
 1. Runs ``--batches`` batches through the engine (decoding included) under ``torch.profiler``
    with CPU and, where present, CUDA activities and ``record_shapes``; prints the operator table
    sorted by device time (CPU time on a CPU) and writes a Chrome trace. The real code marks its
-   stages with ``record_function`` (``batchserve.decode``, ``.collate``, ``.h2d``, ``.forward``,
-   ``.postprocess``, ``.d2h``), so the trace reads like the architecture.
+   stages with ``record_function`` (``batchserve.decode``, ``.device_decode``, ``.collate``,
+   ``.h2d``, ``.forward``, ``.postprocess``, ``.d2h``), so the trace reads like the architecture.
 2. Sends single requests to a real server process and splits each one's latency into parse,
    decode, queue, transfer, forward, readback, serialize and the rest (HTTP, thread hops),
    from the ``Server-Timing`` header, with each stage's share.
@@ -32,7 +32,7 @@ from benchmarks.servers import UvicornProcess
 # Server-Timing stages grouped the way the question is asked.
 GROUPS = {
     "parse": ("parse",),
-    "decode": ("decode",),
+    "decode": ("decode", "device_decode"),
     "queue": ("queue",),
     "transfer": ("collate", "h2d"),
     "forward": ("forward",),
@@ -72,7 +72,7 @@ def profile_batches(model: str, precision: str, batch_size: int, batches: int,
         device_us = sum(event.self_device_time_total for event in averages)
         busy = device_us / 1e6 / wall
     return {"operators": operators, "stages_ms": stages, "wall_s": wall, "gpu_busy_ratio": busy,
-            "device": str(engine.device), "compile": engine.compile_mode}  # fmt: skip
+            "device": str(engine.device), "compile": engine.backend.variant}  # fmt: skip
 
 
 def breakdown(model: str, precision: str, batch_size: int, images: list[bytes],

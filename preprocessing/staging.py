@@ -41,6 +41,11 @@ class PinnedStaging(Generic[T]):
         return len(self._slots)
 
     @property
+    def slots(self) -> tuple[T, ...]:
+        """Every slot, taken or free."""
+        return tuple(self._slots)
+
+    @property
     def available(self) -> int:
         with self._lock:
             return len(self._slots) - len(self._taken)

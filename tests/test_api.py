@@ -84,13 +84,19 @@ async def test_timing_and_request_id_headers(client: httpx.AsyncClient) -> None:
 
 
 async def test_health_readiness_and_models(client: httpx.AsyncClient) -> None:
-    assert (await client.get("/healthz")).json() == {"status": "ok"}
-    assert (await client.get("/readyz")).json() == {"status": "ready"}
+    assert (await client.get("/healthz")).json() == {"status": "ok", "state": "ready"}
+    assert (await client.get("/readyz")).json() == {"status": "ready", "state": "ready"}
     (model,) = (await client.get("/v1/models")).json()["models"]
     assert model["name"] == "tests.models:color_classifier"
     assert model["weights"] == "random"
     assert model["device"] == "cpu"
     assert model["precision"] == "fp32"
+    assert model["state"] == "ready"
+    assert model["backend"] == {
+        "name": "torch", "variant": "torchscript", "precision": "fp32", "fixed_shapes": False,
+        "compile": "torchscript", "cuda_graphs": [],
+    }  # fmt: skip
+    assert model["batching"]["max_queue_bytes"] == 256 * 1024 * 1024
     assert model["input_shape"] == [3, 224, 224]
     assert model["num_classes"] == 12
     assert model["batching"]["max_batch_size"] == 8
@@ -111,7 +117,11 @@ async def test_metrics_exposes_the_documented_names(client: httpx.AsyncClient) -
         'batchserve_stage_seconds_count{stage="forward"}',
         'batchserve_stage_seconds_count{stage="postprocess"}',
         "batchserve_device_busy_seconds_total",
-        'batchserve_model_info{device="cpu",model="tests.models:color_classifier",precision="fp32"}',
+        'batchserve_model_info{backend="torch",device="cpu",model="tests.models:color_classifier",'
+        'precision="fp32"}',
+        'batchserve_state{state="ready"} 1.0',
+        "batchserve_admitted_bytes 0.0",
+        "batchserve_device_preprocess_seconds_total",
         "http_requests_total",
         "process_resident_memory_bytes",
     ):
@@ -330,7 +340,70 @@ async def test_a_crashed_batching_loop_turns_readiness_off(
         assert_error(response, 503, "not_ready")
         ready = await client.get("/readyz")
         assert ready.status_code == 503
-        assert ready.json()["reason"] == "the batcher has stopped"
+        assert ready.json() == {
+            "status": "not_ready", "state": "failed", "reason": "the batching loop failed"
+        }  # fmt: skip
         again = await client.post("/predict", content=images.jpeg(), headers=JPEG)
         assert_error(again, 503, "not_ready")
-        assert (await client.get("/healthz")).status_code == 200
+        # A dead batcher never comes back: liveness fails so that the process is restarted.
+        alive = await client.get("/healthz")
+        assert alive.status_code == 503
+        assert alive.json()["state"] == "failed"
+        text = (await client.get("/metrics")).text
+        assert metric(text, "batchserve_ready") == 0
+        assert metric(text, 'batchserve_state{state="failed"}') == 1
+
+
+async def test_the_key_is_checked_before_any_parameter() -> None:
+    async with serve(make_settings(api_key="letmein")) as (_, client):
+        for query in ("top_k=abc", "top_k=0", "top_k=999"):
+            denied = await client.post(f"/predict?{query}", content=images.jpeg(), headers=JPEG)
+            assert_error(denied, 401, "unauthorized")
+        bad_timeout = await client.post(
+            "/predict", content=b"", headers={**JPEG, "x-request-timeout-ms": "soon"}
+        )
+        assert_error(bad_timeout, 401, "unauthorized")
+        authorized = {**JPEG, "authorization": "Bearer letmein"}
+        wrong = await client.post("/predict?top_k=abc", content=images.jpeg(), headers=authorized)
+        assert_error(wrong, 422, "invalid_parameter")
+
+
+async def test_every_answer_of_predict_is_counted_once() -> None:
+    settings = make_settings(api_key="letmein", max_header_bytes=2048)
+    auth = {**JPEG, "authorization": "Bearer letmein"}
+    async with serve(settings) as (_, client):
+        answers = [
+            await client.post("/predict", content=images.jpeg(), headers=auth),  # 200
+            await client.post("/predict", content=images.jpeg(), headers=JPEG),  # 401
+            await client.post("/predict?top_k=0", content=images.jpeg(), headers=auth),  # 422
+            await client.post("/predict?top_k=13", content=images.jpeg(), headers=auth),  # 422
+            await client.post("/predict", content=b"junk", headers=auth),  # 400
+            await client.post("/predict", content=images.jpeg(), headers={**auth, "x-big": "x" * 4000}),  # noqa: E501
+        ]  # fmt: skip
+        assert [r.status_code for r in answers] == [200, 401, 422, 422, 400, 431]
+        await client.get("/healthz")  # not a prediction: not counted
+        text = (await client.get("/metrics", headers=auth)).text
+    counts = {
+        outcome: metric(text, f'batchserve_requests_total{{outcome="{outcome}"}}')
+        for outcome in ("ok", "unauthorized", "invalid", "error", "cancelled", "not_ready")
+    }
+    assert counts == {
+        "ok": 1, "unauthorized": 1, "invalid": 4, "error": 0, "cancelled": 0, "not_ready": 0,
+    }  # fmt: skip
+
+
+async def test_stages_mean_one_thing_each() -> None:
+    async with serve(make_settings()) as (_, client):
+        response = await client.post("/predict", content=images.jpeg(), headers=JPEG)
+        assert response.status_code == 200
+        text = (await client.get("/metrics")).text
+    # Decoded on the CPU: one per-request "decode", no per-batch "device_decode".
+    assert metric(text, 'batchserve_stage_seconds_count{stage="decode"}') == 1
+    assert metric(text, 'batchserve_stage_seconds_count{stage="device_decode"}') == 0
+    assert metric(text, 'batchserve_stage_seconds_count{stage="forward"}') == 1
+    # Queue waits have one home: the batcher's histogram, not a "queue" stage.
+    assert 'stage="queue"' not in text
+    assert metric(text, "batchserve_queue_wait_seconds_count") == 1
+    # The device's work is counted: the forward pass and the preparation of its input.
+    assert metric(text, "batchserve_device_busy_seconds_total") > 0
+    assert metric(text, "batchserve_device_preprocess_seconds_total") > 0

@@ -13,16 +13,23 @@ import pytest
 import torch
 from PIL import Image, ImageOps
 
-from app.engine import InferenceEngine, InferenceRequest, load_model
+from app.engine import InferenceEngine, InferenceRequest
 from app.engine.device import DeviceError, resolve_decode_device
 from app.engine.graphs import bucket_for
+from app.metrics import Metrics
+from benchmarks.pipeline_checks import (
+    ReportLog,
+    concurrent_agreement,
+    padding_cost,
+    readback_overlap,
+)
 from preprocessing import InvalidImageError, TransformConfig, decode_cpu, prepare, read_header
 from preprocessing import device as device_decode
 from preprocessing.device import apply_orientation, decode_jpegs
 from preprocessing.staging import PinnedStaging, host_buffer
 from tests import images
 from tests.checks import assert_same_prediction
-from tests.conftest import COLOR_MODEL
+from tests.engines import torch_engine
 
 CPU = torch.device("cpu")
 
@@ -139,13 +146,8 @@ def test_a_failing_batch_is_retried_per_image_with_a_cpu_fallback(
 
 
 def engine(*, decode_on_device: bool, max_batch_size: int = 8) -> InferenceEngine:
-    return InferenceEngine(
-        load_model(COLOR_MODEL, "none"),
-        CPU,
-        torch.float32,
-        max_batch_size=max_batch_size,
-        buckets=(1, 2, 4, 8),
-        decode_on_device=decode_on_device,
+    return torch_engine(
+        max_batch_size=max_batch_size, buckets=(1, 2, 4, 8), decode_on_device=decode_on_device
     )
 
 
@@ -168,12 +170,12 @@ def test_device_decode_route_gives_the_cpu_route_results() -> None:
         assert_same_prediction(result, reference)
         assert not isinstance(result, BaseException)
         assert result.batch_size == 3
-        assert "decode" in result.timings
+        assert "device_decode" in result.timings
 
 
 def test_padding_to_buckets_changes_no_result() -> None:
     exact, padded = engine(decode_on_device=False), engine(decode_on_device=False)
-    padded.pads_to_buckets = True  # what CUDA does, checked here on the CPU
+    padded.backend.fixed_shapes = True  # what CUDA graphs need, checked here on the CPU
     requests = [
         InferenceRequest(prepare(images.jpeg(images.photo(90, 90, seed=s)), TransformConfig()), 5)
         for s in range(5)  # 5 rows: padded to the bucket of 8
@@ -220,23 +222,76 @@ def test_nvjpeg_decode_is_close_to_cpu_decode() -> None:
 @pytest.mark.parametrize("graphs", [False, True])
 def test_cuda_engine_matches_the_cpu_engine(graphs: bool) -> None:
     cpu = engine(decode_on_device=False)
-    gpu = InferenceEngine(
-        load_model(COLOR_MODEL, "none"),
-        torch.device("cuda"),
-        torch.float32,
-        max_batch_size=8,
-        buckets=(1, 2, 4, 8),
+    gpu = torch_engine(
+        device=torch.device("cuda"), cuda_graphs=graphs, max_batch_size=8, buckets=(1, 2, 4, 8),
         decode_on_device=True,
-        cuda_graphs=graphs,
-    )
+    )  # fmt: skip
     gpu.warmup()
-    assert gpu.graph_buckets == ([1, 2, 4, 8] if graphs else [])
+    assert gpu.backend.describe()["cuda_graphs"] == ([1, 2, 4, 8] if graphs else [])
+    assert gpu.pads_to_buckets == graphs  # padding only where captured graphs need it
     pictures = [images.jpeg(images.photo(300, 200, seed=s), quality=95) for s in range(5)]
     results = gpu.run_batch([InferenceRequest(gpu.prepare(data), 3) for data in pictures])
     for data, result in zip(pictures, results, strict=True):
         assert not isinstance(result, BaseException)
-        assert {"decode", "h2d", "collate", "forward", "postprocess", "d2h"} <= set(result.timings)
+        stages = {"device_decode", "h2d", "collate", "forward", "postprocess", "d2h"}
+        assert stages <= set(result.timings)
         (reference,) = cpu.run_batch([InferenceRequest(cpu.prepare(data), 3)])
         assert not isinstance(reference, BaseException)
         assert result.classes[0]["index"] == reference.classes[0]["index"]
         assert result.classes[0]["score"] == pytest.approx(reference.classes[0]["score"], abs=0.02)
+
+
+def test_device_decode_is_a_stage_of_its_own() -> None:
+    metrics = Metrics()
+    on_device = torch_engine(decode_on_device=True, buckets=(1, 2, 4, 8), observer=metrics)
+    pictures = [images.jpeg(images.photo(300, 200, seed=s)) for s in range(3)]
+    on_device.run_batch([InferenceRequest(on_device.prepare(data), 3) for data in pictures])
+
+    def count(stage: str) -> float | None:
+        return metrics.registry.get_sample_value("batchserve_stage_seconds_count", {"stage": stage})
+
+    assert count("device_decode") == 1  # once per batch
+    assert count("decode") == 0  # the per-request CPU decode did not happen
+
+
+def test_pipeline_checks_run_on_the_cpu() -> None:
+    log = ReportLog()
+    cpu = torch_engine(max_batch_size=4, buckets=(1, 2, 4), observer=log, max_inflight_batches=2)
+    pictures = [images.jpeg(images.photo(120, 90, seed=s)) for s in range(6)]
+    overlap = readback_overlap(cpu, log, pictures, batch_size=3, batches=4)
+    assert overlap["batches"] == 4
+    assert overlap["readback_contiguous"]
+    assert not overlap["readback_pinned"]  # pinned memory only pays (and exists) with CUDA
+    agreement = concurrent_agreement(cpu, pictures, batch_size=3, batches=4)
+    assert agreement["same_top1"] == agreement["images"] == 12
+    cost = padding_cost(cpu, 3, repeats=2)
+    assert (cost["rows"], cost["bucket"]) == (3, 4)
+
+
+@pytest.mark.cuda
+def test_readback_is_pinned_contiguous_and_never_serialises_two_batches() -> None:
+    """Batch N+1's forward pass is queued before batch N's results are back on the host."""
+    log = ReportLog()
+    gpu = torch_engine(
+        "resnet50", torch.float16, device=torch.device("cuda"), max_batch_size=32,
+        buckets=(32,), decode_on_device=True, max_inflight_batches=2, observer=log,
+    )  # fmt: skip
+    gpu.warmup()
+    pictures = [images.jpeg(images.photo(640, 480, seed=s), quality=90) for s in range(32)]
+    overlap = readback_overlap(gpu, log, pictures, batch_size=32, batches=10)
+    assert overlap["readback_pinned"]
+    assert overlap["readback_contiguous"]
+    assert overlap["overlapping_pairs"] >= overlap["pairs"] - 1, overlap
+
+
+@pytest.mark.cuda
+def test_concurrent_batches_on_the_gpu_give_the_answers_of_sequential_ones() -> None:
+    gpu = torch_engine(
+        "resnet18", torch.float16, device=torch.device("cuda"), max_batch_size=16,
+        buckets=(16,), decode_on_device=True, max_inflight_batches=2,
+    )  # fmt: skip
+    gpu.warmup()
+    pictures = [images.jpeg(images.photo(500, 375, seed=s), quality=90) for s in range(48)]
+    agreement = concurrent_agreement(gpu, pictures, batch_size=16, batches=12)
+    assert agreement["same_top1"] == agreement["images"]
+    assert agreement["max_top1_score_difference"] < 1e-3

@@ -4,20 +4,32 @@ from __future__ import annotations
 
 import logging
 import os
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
 import torch
 from torchvision.models import MobileNet_V3_Small_Weights, get_model
 
-from app.engine import InferenceEngine, InferenceRequest, ModelLoadError, load_model
+from app.engine import (
+    BatchReport,
+    EngineObserver,
+    InferenceEngine,
+    InferenceRequest,
+    ModelLoadError,
+    build_engine,
+    load_model,
+)
 from app.engine import device as device_module
 from app.engine.compile import optimize, resolve_compile
 from app.engine.device import DeviceError, resolve_device, resolve_precision
+from app.engine.slot import BatchSlot
 from preprocessing import ImageFormat, ImageHeader, PreparedImage, TransformConfig, prepare
 from tests import images
 from tests.checks import assert_same_prediction
-from tests.conftest import COLOR_MODEL
+from tests.conftest import COLOR_MODEL, make_settings
+from tests.engines import torch_engine
 from tests.models import TracesDifferently, Untraceable
 
 SMALL = "mobilenet_v3_small"
@@ -177,8 +189,7 @@ def test_cuda_requested_without_cuda() -> None:
 
 
 def make_engine(precision: torch.dtype = torch.float32) -> InferenceEngine:
-    loaded = load_model(COLOR_MODEL, "none")
-    return InferenceEngine(loaded, torch.device("cpu"), precision)
+    return torch_engine(dtype=precision)
 
 
 def request(
@@ -276,21 +287,17 @@ def test_compile_auto_choice() -> None:
 
 
 def test_engine_reports_the_compile_mode_it_serves_with() -> None:
-    loaded = load_model(COLOR_MODEL, "none")
-    engine = InferenceEngine(loaded, torch.device("cpu"), torch.float32, compile_mode="torchscript")
-    assert engine.compile_mode == "torchscript"
+    engine = torch_engine(compile_mode="torchscript")
+    assert engine.backend.variant == "torchscript"
+    assert engine.backend.describe()["compile"] == "torchscript"
     (result,) = engine.run_batch([request(1)])
     assert not isinstance(result, BaseException)
 
 
 @pytest.mark.slow
 def test_inductor_compiles_and_pads_to_buckets() -> None:
-    loaded = load_model(COLOR_MODEL, "none")
-    engine = InferenceEngine(
-        loaded, torch.device("cpu"), torch.float32, max_batch_size=4, buckets=(2, 4),
-        compile_mode="inductor",
-    )  # fmt: skip
-    assert engine.compile_mode == "inductor"
+    engine = torch_engine(max_batch_size=4, buckets=(2, 4), compile_mode="inductor")
+    assert engine.backend.variant == "inductor"
     assert engine.pads_to_buckets
     eager = make_engine()
     batch = [request(seed) for seed in range(3)]  # padded to the bucket of 4
@@ -301,3 +308,101 @@ def test_inductor_compiles_and_pads_to_buckets() -> None:
 def test_random_weights_are_the_same_in_every_engine() -> None:
     first, second = load_model(SMALL, "none"), load_model(SMALL, "none")
     assert torch.equal(probe(first.module), probe(second.module))
+
+
+# -- the engine's seams: slots, readback, observer -----------------------------------------
+
+
+class RecordingObserver(EngineObserver):
+    def __init__(self) -> None:
+        self.reports: list[BatchReport] = []
+
+    def on_batch(self, report: BatchReport) -> None:
+        self.reports.append(report)
+
+
+def test_each_batch_is_reported_to_the_observer() -> None:
+    observer = RecordingObserver()
+    engine = torch_engine(observer=observer)
+    engine.warmup((1, 2))
+    assert observer.reports == []  # warm-up batches are not traffic
+    broken = InferenceRequest(PreparedImage(ImageHeader(ImageFormat.JPEG, 9, 9)), top_k=1)
+    engine.run_batch([request(1), broken, request(2)])
+    (report,) = observer.reports
+    assert (report.rows, report.padded_rows) == (2, 2)
+    assert set(report.stages) == {"collate", "forward", "postprocess"}
+    assert report.busy_s > 0
+    assert report.preprocess_s > 0
+    assert report.forward_queued_at <= report.completed_at
+
+
+def test_results_are_read_back_into_contiguous_views_of_the_slot() -> None:
+    slot = BatchSlot(
+        rows=4, input_shape=(3, 8, 8), input_dtype=torch.float32, channels_last=True,
+        classes=10, device=torch.device("cpu"), stream=None,
+    )  # fmt: skip
+    scores, indices = slot.readback(3, 5)
+    assert scores.shape == indices.shape == (3, 5)
+    assert scores.is_contiguous()
+    assert indices.is_contiguous()
+    assert scores.data_ptr() == slot.scores.data_ptr()
+    assert indices.data_ptr() == slot.indices.data_ptr()
+
+
+def test_a_slot_keeps_the_tensors_of_its_batch_until_the_batch_is_done() -> None:
+    engine = torch_engine(decode_on_device=True, max_inflight_batches=1)
+    (slot,) = engine.slots
+    held_during_forward: list[int] = []
+    forward = engine.backend.forward
+
+    def spying(batch: torch.Tensor) -> torch.Tensor:
+        held_during_forward.append(slot.held)
+        return forward(batch)
+
+    engine.backend.forward = spying  # type: ignore[method-assign]
+    pictures = [images.jpeg(images.photo(200, 150, seed=seed)) for seed in range(3)]
+    results = engine.run_batch([InferenceRequest(engine.prepare(data), 3) for data in pictures])
+    assert all(not isinstance(result, BaseException) for result in results)
+    assert held_during_forward == [6]  # each image's decoded tensor and its crop
+    assert slot.held == 0  # dropped once the batch was done, not before
+
+
+def test_a_failed_batch_lets_its_device_work_end_before_freeing_its_slot() -> None:
+    engine = torch_engine(max_inflight_batches=1)
+    settled: list[object] = []
+    engine._streams.settle = settled.append  # type: ignore[method-assign,assignment]
+
+    def failing(batch: torch.Tensor) -> torch.Tensor:
+        raise RuntimeError("kernel failed")
+
+    engine.backend.forward = failing  # type: ignore[method-assign]
+    with pytest.raises(RuntimeError, match="kernel failed"):
+        engine.run_batch([request(1)])
+    assert settled == [None]  # the slot's stream (none on a CPU) and the compute stream
+    assert engine._slots.available == 1
+    assert engine.slots[0].held == 0
+
+
+def test_padding_only_where_the_backend_needs_fixed_shapes() -> None:
+    assert not torch_engine().pads_to_buckets
+    # Graphs are captured on CUDA only: asked for on a CPU, nothing is padded.
+    assert not torch_engine(cuda_graphs=True).pads_to_buckets
+
+
+def test_the_engine_imports_no_prometheus_code() -> None:
+    code = "import sys, app.engine; print(sorted(m for m in sys.modules if 'prometheus' in m))"
+    root = Path(__file__).resolve().parent.parent
+    result = subprocess.run(
+        [sys.executable, "-c", code], cwd=root, capture_output=True, text=True, check=True
+    )
+    assert result.stdout.strip() == "[]"
+
+
+def test_build_engine_sets_the_thread_budget() -> None:
+    before = torch.get_num_threads()
+    try:
+        settings = make_settings(torch_threads=1)
+        build_engine(settings, settings.batch_config("cpu"))
+        assert torch.get_num_threads() == 1
+    finally:
+        torch.set_num_threads(before)

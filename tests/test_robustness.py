@@ -19,7 +19,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from torch import nn
 
-from app.engine import InferenceEngine, InferenceRequest, load_model
+from app.engine import InferenceEngine, InferenceRequest, TorchBackend, load_model
 from app.logs import JsonFormatter
 from preprocessing import PreprocessingError, TransformConfig, prepare
 from tests import images
@@ -203,13 +203,9 @@ class RunsOutOfMemory(nn.Module):
 def oom_engine(limit: int) -> tuple[InferenceEngine, RunsOutOfMemory]:
     loaded = load_model(COLOR_MODEL, "none")
     model = RunsOutOfMemory(limit)
-    engine = InferenceEngine(
-        type(loaded)(loaded.name, model, loaded.weights, loaded.labels, loaded.transform),
-        torch.device("cpu"),
-        torch.float32,
-        max_batch_size=8,
-    )
-    model.sizes.clear()  # the loading probe
+    backend = TorchBackend(model, torch.device("cpu"), torch.float32, (3, 224, 224))
+    engine = InferenceEngine(loaded, backend, max_batch_size=8)
+    model.sizes.clear()
     return engine, model
 
 

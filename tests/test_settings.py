@@ -71,8 +71,19 @@ def test_window_defaults() -> None:
     assert load_settings().queue_delay_s == pytest.approx(0.002)
     assert load_settings(latency_slo_ms=200).queue_delay_s == pytest.approx(0.030)
     assert load_settings(latency_slo_ms=200, max_queue_delay_ms=1).queue_delay_s == 0.001
-    config = load_settings(max_batch_size=16, preferred_batch_sizes="8").batch_config()
+    config = load_settings(max_batch_size=16, preferred_batch_sizes="8").batch_config("cpu")
     assert (config.max_batch_size, config.preferred_batch_sizes) == (16, (8,))
+
+
+def test_batches_in_flight_default_per_device() -> None:
+    assert load_settings().batch_config("cpu").max_inflight_batches == 1
+    assert load_settings().batch_config("cuda").max_inflight_batches == 2
+    assert load_settings(max_inflight_batches=3).batch_config("cpu").max_inflight_batches == 3
+
+
+def test_queue_bytes_must_hold_the_largest_image() -> None:
+    with pytest.raises(SettingsError, match="MAX_QUEUE_BYTES"):
+        load_settings(max_image_bytes=4 * 1024 * 1024, max_queue_bytes=1024 * 1024)
 
 
 def test_every_setting_is_documented() -> None:

@@ -1,40 +1,53 @@
-"""Model loading, device and precision, and the batched inference engine."""
+"""Model loading, device and precision, backends, and the batched inference engine."""
 
 from __future__ import annotations
 
+import torch
+
+from app.engine.backends import Backend, TorchBackend
 from app.engine.compile import resolve_compile
 from app.engine.device import (
     DeviceError,
     resolve_decode_device,
     resolve_device,
-    resolve_inflight,
     resolve_precision,
 )
 from app.engine.engine import InferenceEngine, InferenceRequest, Prediction
 from app.engine.loading import LoadedModel, ModelLoadError, load_model
-from app.metrics import Metrics
+from app.engine.observer import BatchReport, EngineObserver
 from app.settings import Settings
+from batching import BatchConfig
 from preprocessing import ImageLimits
 
 __all__ = [
+    "Backend",
+    "BatchReport",
     "DeviceError",
+    "EngineObserver",
     "InferenceEngine",
     "InferenceRequest",
     "LoadedModel",
     "ModelLoadError",
     "Prediction",
+    "TorchBackend",
     "build_engine",
     "load_model",
     "resolve_decode_device",
     "resolve_device",
-    "resolve_inflight",
     "resolve_precision",
 ]
 
 
-def build_engine(settings: Settings, metrics: Metrics | None = None) -> InferenceEngine:
-    """Load the configured model onto the configured device, in the configured precision."""
+def build_engine(
+    settings: Settings, config: BatchConfig, observer: EngineObserver | None = None
+) -> InferenceEngine:
+    """Load the configured model onto the configured device, in the configured precision.
+
+    ``config`` is the batcher's configuration (``settings.batch_config``): the engine sizes
+    its slots and batch buckets from it.
+    """
     device = resolve_device(settings.device)
+    torch.set_num_threads(settings.intra_op_threads)
     dtype = resolve_precision(settings.precision, device)
     loaded = load_model(
         settings.model,
@@ -48,17 +61,21 @@ def build_engine(settings: Settings, metrics: Metrics | None = None) -> Inferenc
         resize_size=loaded.transform.resize_size,
         min_side=settings.min_image_size,
     )
-    config = settings.batch_config(resolve_inflight(settings.max_inflight_batches, device))
-    return InferenceEngine(
-        loaded,
+    backend = TorchBackend(
+        loaded.module,
         device,
         dtype,
+        (3, loaded.transform.crop_size, loaded.transform.crop_size),
+        compile_mode=resolve_compile(settings.compile, device),
+        cuda_graphs=settings.cuda_graphs,
+    )
+    return InferenceEngine(
+        loaded,
+        backend,
         limits=limits,
-        metrics=metrics,
+        observer=observer,
         max_batch_size=config.max_batch_size,
         buckets=config.batch_buckets,
         max_inflight_batches=config.max_inflight_batches,
         decode_on_device=resolve_decode_device(settings.decode_device, device),
-        cuda_graphs=settings.cuda_graphs,
-        compile_mode=resolve_compile(settings.compile, device),
     )

@@ -56,12 +56,3 @@ def resolve_decode_device(setting: str, device: torch.device) -> bool:
     if setting == "auto":
         return device.type == "cuda"
     return setting == "cuda"
-
-
-def resolve_inflight(setting: int | None, device: torch.device) -> int:
-    """Batches in flight: 2 on CUDA, so that batch N+1 is decoded and copied on the copy
-    stream while N computes; 1 on a CPU, where decoding already overlaps in the decode threads
-    and a second batch would only compete with the running one for the same cores."""
-    if setting is not None:
-        return setting
-    return 2 if device.type == "cuda" else 1

@@ -57,38 +57,56 @@ class Streams:
 
     timed_on_device = False
 
+    def new_copy_stream(self) -> torch.cuda.Stream | None:
+        """A stream of its own for one batch slot's preprocessing (None on a CPU)."""
+        return None
+
     def mark(self) -> Mark:
         return HostMark()
 
     @contextlib.contextmanager
-    def preprocess(self) -> Iterator[None]:
+    def preprocess(self, stream: torch.cuda.Stream | None) -> Iterator[None]:
         yield
 
     @contextlib.contextmanager
     def compute(self, after: Mark) -> Iterator[None]:
         yield
 
+    def settle(self, stream: torch.cuda.Stream | None) -> None:
+        """Wait until a slot's work and the compute stream are idle (after a failed batch)."""
+
 
 class CudaStreams(Streams):
-    """A copy/preprocess stream and a compute stream, ordered by events.
+    """One copy/preprocess stream per batch slot, one compute stream, ordered by events.
 
-    Batch N+1's decode, host-to-device copies and normalisation run on the copy stream while
+    Batch N+1's decode, host-to-device copies and normalisation run on its slot's stream while
     batch N's forward pass runs on the compute stream; the compute stream waits for the event
     that closes its batch's preprocessing, not for the whole device.
+
+    A stream per slot, not one shared copy stream, because the caching allocator reuses a freed
+    block for the next allocation on the same stream as soon as the host frees it. With one
+    shared stream, a temporary freed by batch N's resize (still queued on the GPU) could be
+    handed to batch N+1's nvjpeg output, which nvjpeg writes on its own internal stream, not
+    ordered after batch N's work. With a stream per slot, a block is only reused by the next
+    batch of the same slot, which starts after this batch's done event has completed.
     """
 
     timed_on_device = True
 
     def __init__(self, device: torch.device) -> None:
-        self.copy = torch.cuda.Stream(device)  # type: ignore[no-untyped-call]
+        self.device = device
         self.compute_stream = torch.cuda.Stream(device)  # type: ignore[no-untyped-call]
+
+    def new_copy_stream(self) -> torch.cuda.Stream:
+        return torch.cuda.Stream(self.device)  # type: ignore[no-untyped-call]
 
     def mark(self) -> Mark:
         return CudaMark()
 
     @contextlib.contextmanager
-    def preprocess(self) -> Iterator[None]:
-        with torch.cuda.stream(self.copy):
+    def preprocess(self, stream: torch.cuda.Stream | None) -> Iterator[None]:
+        assert stream is not None
+        with torch.cuda.stream(stream):
             yield
 
     @contextlib.contextmanager
@@ -97,6 +115,11 @@ class CudaStreams(Streams):
         self.compute_stream.wait_event(after.event)
         with torch.cuda.stream(self.compute_stream):
             yield
+
+    def settle(self, stream: torch.cuda.Stream | None) -> None:
+        if stream is not None:
+            stream.synchronize()
+        self.compute_stream.synchronize()
 
 
 def streams_for(device: torch.device) -> Streams:

@@ -1,4 +1,4 @@
-"""Liveness and readiness."""
+"""Liveness and readiness, both read from the server's one lifecycle state."""
 
 from __future__ import annotations
 
@@ -12,19 +12,33 @@ from app.state import server_state
 router = APIRouter()
 
 
-@router.get("/healthz", response_model=Status, summary="200 while the process lives")
-async def healthz() -> Response:
-    return json_response({"status": "ok"})
+@router.get(
+    "/healthz",
+    response_model=Status,
+    responses={503: {"model": Status, "description": "failed: the process must be restarted"}},
+    summary="200 while the process can serve, now or after loading; 503 once it cannot",
+)
+async def healthz(request: Request) -> Response:
+    lifecycle = server_state(request).lifecycle
+    if lifecycle.live:
+        return json_response({"status": "ok", "state": lifecycle.phase.value})
+    return json_response(
+        {"status": "failed", "state": lifecycle.phase.value, "reason": lifecycle.reason},
+        status_code=503,
+    )
 
 
 @router.get(
     "/readyz",
     response_model=Status,
-    responses={503: {"model": Status, "description": "loading, draining, or the batcher failed"}},
+    responses={503: {"model": Status, "description": "starting, draining, stopped or failed"}},
     summary="200 once warmed up and serving",
 )
 async def readyz(request: Request) -> Response:
-    reason = server_state(request).unready_reason()
-    if reason is None:
-        return json_response({"status": "ready"})
-    return json_response({"status": "not_ready", "reason": reason}, status_code=503)
+    lifecycle = server_state(request).lifecycle
+    if lifecycle.ready:
+        return json_response({"status": "ready", "state": lifecycle.phase.value})
+    return json_response(
+        {"status": "not_ready", "state": lifecycle.phase.value, "reason": lifecycle.reason},
+        status_code=503,
+    )

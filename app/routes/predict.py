@@ -14,19 +14,14 @@ from starlette.requests import ClientDisconnect
 from starlette.responses import Response
 from starlette.types import Receive
 
-from app.auth import require_api_key
-from app.body import read_image
+from app.admission import Ticket
+from app.body import declared_length, read_image
 from app.engine import InferenceRequest, Prediction
-from app.errors import (
-    InvalidParameterError,
-    describe,
-    error_response,
-    log_unexpected,
-)
-from app.requestid import request_id_of, request_start_of
+from app.errors import InvalidParameterError, OverloadedError, answer_error, mark_outcome
+from app.requestid import request_start_of
 from app.schemas import ErrorBody, PredictResponse
 from app.state import ServerState, server_state
-from batching import DynamicBatcher, QueueFullError
+from batching import DynamicBatcher
 
 router = APIRouter()
 
@@ -42,7 +37,7 @@ _ERRORS: dict[int | str, dict[str, Any]] = {
         (413, "too_large: too many bytes or pixels"),
         (415, "unsupported_media_type: content type or image format not accepted"),
         (422, "invalid_parameter: bad top_k, timeout header, or multipart without 'file'"),
-        (503, "overloaded (queue full, with Retry-After) or not_ready"),
+        (503, "overloaded (queue full in requests or bytes, with Retry-After) or not_ready"),
         (504, "deadline_exceeded: no result before the request's deadline"),
     )
 }
@@ -86,29 +81,20 @@ async def predict(
     server = server_state(request)
     server.enter()
     try:
-        response = await _predict(server, request, top_k)
+        return await _predict(server, request, top_k)
     except (ClientDisconnected, ClientDisconnect):  # while waiting, or while uploading
-        server.metrics.count_request("cancelled")
+        mark_outcome(request.scope, "cancelled")
         return Response(status_code=CLIENT_CLOSED)
-    except asyncio.CancelledError:
-        server.metrics.count_request("cancelled")
-        raise
     except Exception as exc:
-        info = describe(exc)
-        if info.code == "internal_error":
-            log_unexpected(exc, request_id_of(request.scope))
-        server.metrics.count_request(info.outcome)
         elapsed = time.perf_counter() - request_start_of(request.scope)
-        return error_response(info, headers={"Server-Timing": f"total;dur={elapsed * 1000:.3f}"})
+        return answer_error(request, exc, {"Server-Timing": f"total;dur={elapsed * 1000:.3f}"})
     finally:
         server.leave()
-    server.metrics.count_request("ok")
-    return response
 
 
 async def _predict(server: ServerState, request: Request, top_k: int | None) -> Response:
-    require_api_key(request)
-    engine, batcher, decode_pool = server.require_ready()
+    serving = server.require_ready()
+    engine, batcher, metrics = serving.engine, serving.batcher, server.metrics
     settings = server.settings
     arrived = request_start_of(request.scope)
     k = settings.top_k if top_k is None else top_k
@@ -118,37 +104,44 @@ async def _predict(server: ServerState, request: Request, top_k: int | None) -> 
     # The deadline counts from the request's arrival, on the batcher's clock.
     deadline = batcher.now() + timeout_s - (time.perf_counter() - arrived)
 
-    # MAX_QUEUE_SIZE bounds every admitted request not yet dispatched (reading, decoding or
-    # queued), so memory stays bounded; refuse before reading the body when it is reached.
-    if batcher.queue_depth + server.preparing >= batcher.config.max_queue_size:
-        server.metrics.on_reject("overloaded")
-        raise QueueFullError(batcher.config.max_queue_size, batcher.retry_after_s())
-    server.preparing += 1
+    # Admitted before the body is read: refused at once when the queue is full in requests or
+    # in bytes (see app.admission), so memory stays bounded.
+    parse_started = time.perf_counter()
     try:
-        parse_started = time.perf_counter()
-        data = await read_image(request, settings.max_image_bytes)
+        ticket = serving.admission.admit(declared_length(request))
+    except OverloadedError:
+        metrics.on_reject("overloaded")
+        raise
+    try:
+        try:
+            data = await read_image(request, settings.max_image_bytes, ticket.reserve)
+        except OverloadedError:  # the body outgrew what is left of MAX_QUEUE_BYTES
+            metrics.on_reject("overloaded")
+            raise
         parsed = time.perf_counter()
-        loop = asyncio.get_running_loop()
-        image = await loop.run_in_executor(decode_pool, engine.prepare, data)
+        image = await asyncio.get_running_loop().run_in_executor(
+            serving.decode_pool, engine.prepare, data
+        )
         del data
+        # Still encoded (for the device decoder): the bytes stay counted until dispatch.
+        cost = len(image.data) if image.data is not None else 0
+        metrics.observe_stage("parse", parsed - parse_started)
+        if image.pixels is not None:  # decoded here; a device decode is timed per batch
+            metrics.observe_stage("decode", image.decode_s)
+        submitted = time.perf_counter()
+        prediction = await _submit(
+            batcher, InferenceRequest(image, k), deadline, cost, ticket, request.receive
+        )
     finally:
-        server.preparing -= 1
-    server.metrics.observe_stage("parse", parsed - parse_started)
-    if image.pixels is not None:  # decoded here; a device decode is timed per batch instead
-        server.metrics.observe_stage("decode", image.decode_s)
-
-    submitted = time.perf_counter()
-    prediction = await _submit(batcher, InferenceRequest(image, k), deadline, request.receive)
+        ticket.close()
     finished = time.perf_counter()
     body = orjson.dumps({"model": engine.name, "predictions": prediction.classes})
     serialized = time.perf_counter()
-    queue_s = max(0.0, prediction.started - submitted)
-    server.metrics.observe_stage("queue", queue_s)
-    server.metrics.observe_stage("serialize", serialized - finished)
+    metrics.observe_stage("serialize", serialized - finished)
     timing = {
         "parse": parsed - parse_started,
         "decode": image.decode_s,
-        "queue": queue_s,
+        "queue": max(0.0, prediction.started - submitted),
         **prediction.timings,
         "serialize": serialized - finished,
         "total": serialized - arrived,
@@ -159,6 +152,7 @@ async def _predict(server: ServerState, request: Request, top_k: int | None) -> 
         ),
         "X-Batch-Size": str(prediction.batch_size),
     }
+    mark_outcome(request.scope, "ok")
     return Response(body, media_type="application/json", headers=headers)
 
 
@@ -179,10 +173,19 @@ async def _submit(
     batcher: DynamicBatcher[InferenceRequest, Prediction],
     item: InferenceRequest,
     deadline: float,
+    cost: int,
+    ticket: Ticket,
     receive: Receive,
 ) -> Prediction:
     """Wait for the result, or withdraw the request as soon as the client hangs up."""
-    submit = asyncio.ensure_future(batcher.submit(item, deadline))
+
+    async def enqueue() -> Prediction:
+        # The ticket hands its bytes to the batcher in one step (nothing is awaited between
+        # the two), so admission never sees them counted twice or not at all.
+        ticket.close()
+        return await batcher.submit(item, deadline, cost=cost)
+
+    submit = asyncio.ensure_future(enqueue())
     disconnect = asyncio.ensure_future(_disconnected(receive))
     try:
         await asyncio.wait((submit, disconnect), return_when=asyncio.FIRST_COMPLETED)

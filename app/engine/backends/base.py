@@ -1,0 +1,53 @@
+"""The interface between the engine and a runtime that executes the model.
+
+The engine does everything around the forward pass (decoding, collating into a slot's input
+batch, softmax and top-k, readback, one outcome per request, timings); a backend only turns a
+ready input batch into logits. Adding a runtime is one new module here.
+"""
+
+from __future__ import annotations
+
+from abc import ABC, abstractmethod
+from collections.abc import Sequence
+from typing import Any
+
+import torch
+
+
+class Backend(ABC):
+    """Executes the model's forward pass on a ready input batch.
+
+    Attributes a backend sets in its constructor:
+
+    - ``device``: where its inputs must live and its logits come back;
+    - ``input_dtype`` and ``channels_last``: the layout of the input batch the engine builds;
+    - ``precision``: what is reported (``fp32``, ``bf16``, ``fp16``, ...);
+    - ``fixed_shapes``: True when every batch must be padded to one of the warm-up buckets
+      (captured CUDA graphs, kernels compiled per shape); False when any size runs as is.
+    """
+
+    name: str = "backend"
+    device: torch.device
+    input_dtype: torch.dtype
+    channels_last: bool = True
+    precision: str
+    fixed_shapes: bool = False
+
+    @property
+    def variant(self) -> str:
+        """Which flavour of the runtime serves (e.g. ``torchscript``)."""
+        return "default"
+
+    @abstractmethod
+    def forward(self, batch: torch.Tensor) -> torch.Tensor:
+        """Logits ``[rows, classes]`` for ``batch`` (called under ``torch.inference_mode``,
+        one call at a time, on the compute stream on CUDA)."""
+
+    def prepare(self, buckets: Sequence[int]) -> None:  # noqa: B027 - optional hook
+        """Get ready to serve these batch sizes (capture graphs, tune kernels): called once,
+        before the warm-up batches."""
+
+    def describe(self) -> dict[str, Any]:
+        """What ``/v1/models`` shows about this backend."""
+        return {"name": self.name, "variant": self.variant, "precision": self.precision,
+                "fixed_shapes": self.fixed_shapes}  # fmt: skip

@@ -1,0 +1,82 @@
+"""PyTorch itself: eager, TorchScript, inductor, and CUDA graphs on top of either."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Any
+
+import torch
+from torch import nn
+
+from app.engine.backends.base import Backend
+from app.engine.compile import optimize
+from app.engine.device import NAMES
+from app.engine.graphs import CudaGraphs
+
+
+class TorchBackend(Backend):
+    """The model as a ``torch.nn.Module`` on its device, in its dtype, channels_last.
+
+    ``compile_mode`` is checked against eager at construction (see ``app.engine.compile``).
+    With ``cuda_graphs`` on a CUDA device, ``prepare`` captures one graph per bucket, and from
+    then on batches must be padded to those buckets. Inductor compiles one kernel set per
+    shape, so it pads to buckets too; everything else runs the exact batch size, because
+    padding a batch of 17 to 32 would compute 15 rows for nothing.
+    """
+
+    name = "torch"
+
+    def __init__(
+        self,
+        module: nn.Module,
+        device: torch.device,
+        dtype: torch.dtype,
+        input_shape: tuple[int, int, int],
+        *,
+        compile_mode: str = "none",
+        cuda_graphs: bool = False,
+    ) -> None:
+        self.device = device
+        self.input_dtype = dtype
+        self.precision = NAMES[dtype]
+        self.input_shape = input_shape
+        model = module.to(device=device, dtype=dtype)
+        model.to(memory_format=torch.channels_last)
+        model.eval()
+        # A random probe (not zeros, which only exercise the biases) checks a compiled model.
+        probe = torch.randn((2, *input_shape), generator=torch.Generator().manual_seed(0))
+        probe = probe.to(device=device, dtype=dtype).contiguous(memory_format=torch.channels_last)
+        self.model, self.compile_mode = optimize(model, compile_mode, probe)
+        self._capture = cuda_graphs and device.type == "cuda"
+        self._graphs: CudaGraphs | None = None
+        self.fixed_shapes = self._capture or self.compile_mode == "inductor"
+
+    @property
+    def variant(self) -> str:
+        if self._graphs is not None:
+            return "cuda_graphs"
+        return "eager" if self.compile_mode == "none" else self.compile_mode
+
+    @property
+    def graph_buckets(self) -> list[int]:
+        return self._graphs.buckets if self._graphs is not None else []
+
+    def prepare(self, buckets: Sequence[int]) -> None:
+        if self.device.type == "cuda" and self.fixed_shapes:
+            # Autotuning pays only when shapes repeat: here every batch is one of the buckets.
+            torch.backends.cudnn.benchmark = True
+        if self._capture and self._graphs is None:
+            with torch.inference_mode():
+                self._graphs = CudaGraphs(
+                    self.model, buckets, self.input_shape, self.input_dtype, self.device
+                )
+
+    def forward(self, batch: torch.Tensor) -> torch.Tensor:
+        if self._graphs is not None:
+            return self._graphs.run(batch)
+        logits: torch.Tensor = self.model(batch)
+        return logits
+
+    def describe(self) -> dict[str, Any]:
+        return {**super().describe(), "compile": self.compile_mode,
+                "cuda_graphs": self.graph_buckets}  # fmt: skip

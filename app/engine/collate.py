@@ -1,0 +1,99 @@
+"""Bring a batch's images to the device and normalise them into its slot's input batch."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+import torch
+from torch.profiler import record_function
+
+from app.engine.slot import BatchSlot
+from app.engine.streams import Mark, Streams
+from preprocessing import Buffer, ImageHeader, PreparedImage, normalize_into, resize_crop
+from preprocessing.device import decode_jpegs
+from preprocessing.transforms import TransformConfig
+
+
+class NotPreparedError(ValueError):
+    """An image that was not prepared for this model (a wrong crop size, no pixels, no bytes)."""
+
+
+class Collator:
+    """Decodes what is still encoded (on the device), stages CPU crops through the slot's
+    pinned buffer, and normalises every crop into ``slot.inputs``.
+
+    Runs on the slot's own stream on CUDA (the caller enters it). Every device tensor made here
+    is handed to ``slot.hold`` so it lives until the batch's done event; why each is safe:
+
+    - nvjpeg outputs are allocated by torchvision on the current stream (the slot's) and written
+      on the decoder's internal stream, which torchvision then makes the current stream wait
+      for; held, so their memory cannot go to another batch while the slot's stream reads it;
+    - crops (resize on the device) and the staged copy are made and read on the slot's stream;
+      held for the same reason;
+    - ``slot.inputs`` and ``slot.staged`` belong to the slot: written here, read by the compute
+      stream after it waits for the ``collated`` event, and not written again until this slot's
+      next batch, which starts only after this batch's done event has completed.
+    """
+
+    def __init__(
+        self,
+        transform: TransformConfig,
+        input_shape: tuple[int, int, int],
+        device: torch.device,
+        streams: Streams,
+    ) -> None:
+        self.transform = transform
+        self.input_shape = input_shape
+        self.device = device
+        self.streams = streams
+
+    def collate(
+        self,
+        slot: BatchSlot,
+        images: Sequence[PreparedImage],
+        marks: dict[str, Mark],
+    ) -> tuple[list[int], dict[int, BaseException]]:
+        """Fill ``slot.inputs[:len(rows)]``; returns, per row, the index of its image, and the
+        error of each image that could not join."""
+        errors: dict[int, BaseException] = {}
+        on_device: dict[int, torch.Tensor] = {}
+        on_host: dict[int, torch.Tensor] = {}
+        encoded: list[tuple[int, Buffer, ImageHeader]] = []
+        for index, image in enumerate(images):
+            if image.pixels is not None and tuple(image.pixels.shape) == self.input_shape:
+                on_host[index] = image.pixels
+            elif image.pixels is None and image.data is not None:
+                encoded.append((index, image.data, image.header))
+            else:
+                errors[index] = NotPreparedError("the image was not prepared for this model")
+
+        if encoded:
+            with record_function("batchserve.device_decode"):
+                decoded = decode_jpegs([(data, header) for _, data, header in encoded], self.device)
+                for (index, _, _), result in zip(encoded, decoded, strict=True):
+                    if isinstance(result, BaseException):
+                        errors[index] = result
+                        continue
+                    crop = resize_crop(result, self.transform)
+                    slot.hold(result, crop)
+                    (on_host if crop.device.type == "cpu" else on_device)[index] = crop
+            marks["decoded"] = self.streams.mark()
+
+        marks["staging"] = self.streams.mark()
+        if on_host and self.device.type != "cpu":
+            with record_function("batchserve.h2d"):
+                order = sorted(on_host)
+                staged = slot.staged[: len(order)]
+                torch.stack([on_host[index] for index in order], out=staged)
+                arrived = staged.to(self.device, non_blocking=True)
+                slot.hold(arrived)
+                on_device.update(zip(order, arrived, strict=True))
+        else:
+            on_device.update(on_host)
+        marks["staged"] = self.streams.mark()
+
+        rows = sorted(on_device)
+        if rows:
+            with record_function("batchserve.collate"):
+                normalize_into([on_device[index] for index in rows], slot.inputs, self.transform)
+        return rows, errors

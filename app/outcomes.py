@@ -1,0 +1,60 @@
+"""Count every answer of the prediction routes by outcome, in one place.
+
+Plain ASGI, outside everything else the app adds, so that answers given before a route runs
+(431 for oversized headers, 401 from the authentication dependency, 422 from parameter
+validation) are counted exactly like the route's own.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Callable
+
+from starlette.types import ASGIApp, Message, Receive, Scope, Send
+
+# The status code alone, when no handler said more (e.g. 503 could be overloaded or not_ready:
+# every 503 the server gives on purpose goes through a handler that says which).
+_BY_STATUS = {401: "unauthorized", 499: "cancelled", 503: "not_ready", 504: "deadline_exceeded"}
+
+
+def outcome_of(status: int | None, marked: object) -> str:
+    if isinstance(marked, str):
+        return marked
+    if status is None:
+        return "cancelled"  # nothing was sent: the client went away first
+    if status < 400:
+        return "ok"
+    return _BY_STATUS.get(status, "invalid" if status < 500 else "error")
+
+
+class OutcomeMiddleware:
+    """Calls ``count(outcome)`` once for every request whose path ``counted`` accepts."""
+
+    def __init__(
+        self, app: ASGIApp, counted: Callable[[str], bool], count: Callable[[str], None]
+    ) -> None:
+        self.app = app
+        self.counted = counted
+        self.count = count
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] != "http" or not self.counted(scope["path"]):
+            await self.app(scope, receive, send)
+            return
+        status: int | None = None
+
+        async def send_and_watch(message: Message) -> None:
+            nonlocal status
+            if message["type"] == "http.response.start":
+                status = message["status"]
+            await send(message)
+
+        try:
+            await self.app(scope, receive, send_and_watch)
+        except asyncio.CancelledError:
+            self.count("cancelled")
+            raise
+        except BaseException:
+            self.count("error")  # answered 500 by the server error handler outside us
+            raise
+        self.count(outcome_of(status, (scope.get("state") or {}).get("outcome")))

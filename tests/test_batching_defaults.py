@@ -1,0 +1,74 @@
+"""How the batcher behaves with the settings' defaults on a CPU, where it matters most.
+
+``MAX_INFLIGHT_BATCHES=1`` and ``DISPATCH_WHEN_IDLE=true``: the batcher only ever decides
+when the device is idle, and then an idle device gains nothing from waiting, so everything
+waiting leaves at once (up to the cap). The window, preferred sizes and the latency SLO never
+delay a batch in this configuration; they act only while a batch runs and a slot is free
+(``MAX_INFLIGHT_BATCHES`` of 2 or more), or with ``DISPATCH_WHEN_IDLE=false``.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from typing import Any
+
+import pytest
+
+from app.settings import load_settings
+from batching import DynamicBatcher, ManualClock
+from tests.fakes import GatedRun, Recorder, settle
+
+
+@pytest.mark.parametrize(
+    "overrides",
+    [{}, {"preferred_batch_sizes": "4", "latency_slo_ms": 5000, "max_queue_delay_ms": 1000}],
+    ids=["defaults", "with-window-preferred-sizes-and-slo"],
+)
+async def test_on_a_cpu_batches_leave_when_the_device_is_free(overrides: dict[str, Any]) -> None:
+    config = load_settings(max_batch_size=8, **overrides).batch_config("cpu")
+    assert (config.max_inflight_batches, config.dispatch_when_idle) == (1, True)
+    clock = ManualClock()
+    run = GatedRun()
+    recorder = Recorder()
+    batcher: DynamicBatcher[int, Any] = DynamicBatcher(run, config, recorder, clock=clock)
+    batcher.start()
+
+    first = asyncio.ensure_future(batcher.submit(1))
+    await run.wait_started(1)  # an idle device: sent at once
+    waiting = [asyncio.ensure_future(batcher.submit(item)) for item in range(2, 13)]
+    await settle()
+    assert recorder.dispatched == [1]  # the device is busy: nothing leaves, window or not
+    run.release(0)
+    await run.wait_started(2)
+    # Freed, the device takes what waited, up to the cap, without a window.
+    assert recorder.dispatched == [1, 8]
+    run.release(1)
+    await run.wait_started(3)
+    assert recorder.dispatched == [1, 8, 3]  # 3 < the preferred 4: it went all the same
+    assert clock.now() == 0  # no timer ever had to fire
+    run.release()
+    assert await first == 10
+    assert [await task for task in waiting] == [item * 10 for item in range(2, 13)]
+    await batcher.aclose()
+
+
+async def test_with_a_free_slot_the_window_does_act() -> None:
+    config = load_settings(
+        max_batch_size=8, max_inflight_batches=2, max_queue_delay_ms=10
+    ).batch_config("cpu")
+    clock = ManualClock()
+    run = GatedRun()
+    recorder = Recorder()
+    batcher: DynamicBatcher[int, Any] = DynamicBatcher(run, config, recorder, clock=clock)
+    batcher.start()
+    first = asyncio.ensure_future(batcher.submit(1))
+    await run.wait_started(1)
+    others = [asyncio.ensure_future(batcher.submit(item)) for item in (2, 3)]
+    await settle()
+    assert recorder.dispatched == [1]  # a slot is free, but the window has not ended
+    clock.advance(0.010)
+    await run.wait_started(2)
+    assert recorder.dispatched == [1, 2]
+    run.release()
+    assert [await task for task in [first, *others]] == [10, 20, 30]
+    await batcher.aclose()
