@@ -22,8 +22,9 @@ from app.engine import (
     load_model,
 )
 from app.engine import device as device_module
+from app.engine import precision as precision_module
 from app.engine.compile import optimize, resolve_compile
-from app.engine.device import DeviceError, resolve_device, resolve_precision
+from app.engine.device import DeviceError, precision_candidates, resolve_device
 from app.engine.slot import BatchSlot
 from preprocessing import ImageFormat, ImageHeader, PreparedImage, TransformConfig, prepare
 from tests import images
@@ -171,11 +172,32 @@ def test_auto_uses_weights_found_in_the_hub_cache(
 def test_precision_choice(monkeypatch: pytest.MonkeyPatch) -> None:
     cpu = torch.device("cpu")
     monkeypatch.setattr(device_module, "cpu_supports_bf16", lambda: True)
-    assert resolve_precision("auto", cpu) is torch.bfloat16
+    assert precision_candidates("auto", cpu) == (torch.float32, torch.bfloat16)
     monkeypatch.setattr(device_module, "cpu_supports_bf16", lambda: False)
-    assert resolve_precision("auto", cpu) is torch.float32
-    assert resolve_precision("fp16", cpu) is torch.float16
-    assert resolve_precision("auto", torch.device("cuda")) is torch.float16
+    assert precision_candidates("auto", cpu) == (torch.float32,)
+    assert precision_candidates("fp16", cpu) == (torch.float16,)
+    assert precision_candidates("auto", torch.device("cuda")) == (torch.float16,)
+
+
+def test_auto_precision_serves_bf16_only_where_it_is_measured_faster(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """Some CPUs report native bf16 and still run it slower than fp32: measure, then choose."""
+    monkeypatch.setattr(device_module, "cpu_supports_bf16", lambda: True)
+    settings = make_settings(precision="auto", compile="none")
+    for bf16_rate, chosen in ((100.0, "fp32"), (105.0, "fp32"), (200.0, "bf16")):
+        rates = {torch.float32: 100.0, torch.bfloat16: bf16_rate}
+        monkeypatch.setattr(
+            precision_module, "images_per_second",
+            lambda backend, shape, rows, rates=rates: rates[backend.input_dtype],
+        )  # fmt: skip
+        engine = build_engine(settings, settings.batch_config("cpu"))
+        assert engine.precision == chosen
+        assert engine.backend.describe()["measured_images_per_second"] == {
+            "fp32": 100.0, "bf16": bf16_rate,
+        }  # fmt: skip
+        (result,) = engine.run_batch([request(1)])
+        assert not isinstance(result, BaseException)
 
 
 @pytest.mark.skipif(torch.cuda.is_available(), reason="checks the error when CUDA is absent")

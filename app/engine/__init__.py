@@ -2,19 +2,22 @@
 
 from __future__ import annotations
 
+import copy
+
 import torch
 
 from app.engine.backends import Backend, TorchBackend
 from app.engine.compile import resolve_compile
 from app.engine.device import (
     DeviceError,
+    precision_candidates,
     resolve_decode_device,
     resolve_device,
-    resolve_precision,
 )
 from app.engine.engine import InferenceEngine, InferenceRequest, Prediction
 from app.engine.loading import LoadedModel, ModelLoadError, load_model
 from app.engine.observer import BatchReport, EngineObserver
+from app.engine.precision import fastest
 from app.settings import Settings
 from batching import BatchConfig
 from preprocessing import ImageLimits
@@ -32,9 +35,9 @@ __all__ = [
     "TorchBackend",
     "build_engine",
     "load_model",
+    "precision_candidates",
     "resolve_decode_device",
     "resolve_device",
-    "resolve_precision",
 ]
 
 
@@ -48,7 +51,6 @@ def build_engine(
     """
     device = resolve_device(settings.device)
     torch.set_num_threads(settings.intra_op_threads)
-    dtype = resolve_precision(settings.precision, device)
     loaded = load_model(
         settings.model,
         settings.weights,
@@ -61,14 +63,23 @@ def build_engine(
         resize_size=loaded.transform.resize_size,
         min_side=settings.min_image_size,
     )
-    backend = TorchBackend(
-        loaded.module,
-        device,
-        dtype,
-        (3, loaded.transform.crop_size, loaded.transform.crop_size),
-        compile_mode=resolve_compile(settings.compile, device),
-        cuda_graphs=settings.cuda_graphs,
-    )
+    input_shape = (3, loaded.transform.crop_size, loaded.transform.crop_size)
+    candidates = precision_candidates(settings.precision, device)
+
+    def build(dtype: torch.dtype) -> Backend:
+        # Each candidate converts its own copy: .to(dtype) changes a module in place.
+        module = loaded.module if len(candidates) == 1 else copy.deepcopy(loaded.module)
+        return TorchBackend(
+            module,
+            device,
+            dtype,
+            input_shape,
+            compile_mode=resolve_compile(settings.compile, device),
+            cuda_graphs=settings.cuda_graphs,
+        )
+
+    backend, rates = fastest(candidates, build, input_shape, min(8, config.max_batch_size))
+    backend.measured_rates = rates
     return InferenceEngine(
         loaded,
         backend,

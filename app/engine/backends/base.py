@@ -32,6 +32,8 @@ class Backend(ABC):
     channels_last: bool = True
     precision: str
     fixed_shapes: bool = False
+    # Images/s measured per candidate precision when PRECISION=auto had a choice to make.
+    measured_rates: dict[str, float] | None = None
 
     @property
     def variant(self) -> str:
@@ -49,5 +51,9 @@ class Backend(ABC):
 
     def describe(self) -> dict[str, Any]:
         """What ``/v1/models`` shows about this backend."""
-        return {"name": self.name, "variant": self.variant, "precision": self.precision,
-                "fixed_shapes": self.fixed_shapes}  # fmt: skip
+        described: dict[str, Any] = {"name": self.name, "variant": self.variant,
+                                     "precision": self.precision,
+                                     "fixed_shapes": self.fixed_shapes}  # fmt: skip
+        if self.measured_rates:
+            described["measured_images_per_second"] = self.measured_rates
+        return described

@@ -1,0 +1,64 @@
+"""Choose between precisions by measuring them, not by reading CPU flags."""
+
+from __future__ import annotations
+
+import logging
+import time
+from collections.abc import Callable, Sequence
+
+import torch
+
+from app.engine.backends import Backend
+from app.engine.device import NAMES
+
+logger = logging.getLogger("batchserve")
+
+# A less precise candidate must be at least this much faster to be served instead.
+MARGIN = 1.1
+
+
+def images_per_second(backend: Backend, input_shape: tuple[int, int, int], rows: int) -> float:
+    """The backend's forward rate on a random batch: best of three after one warm-up run."""
+    layout = torch.channels_last if backend.channels_last else torch.contiguous_format
+    batch = torch.randn((rows, *input_shape), generator=torch.Generator().manual_seed(0))
+    batch = batch.to(device=backend.device, dtype=backend.input_dtype)
+    batch = batch.contiguous(memory_format=layout)
+    best = float("inf")
+    with torch.inference_mode():
+        for attempt in range(4):
+            started = time.perf_counter()
+            backend.forward(batch)
+            if backend.device.type == "cuda":
+                torch.cuda.synchronize(backend.device)
+            if attempt:
+                best = min(best, time.perf_counter() - started)
+    return rows / best
+
+
+def fastest(
+    candidates: Sequence[torch.dtype],
+    build: Callable[[torch.dtype], Backend],
+    input_shape: tuple[int, int, int],
+    rows: int,
+) -> tuple[Backend, dict[str, float]]:
+    """Build a backend per candidate (most accurate first) and keep the first one that no
+    later candidate beats by ``MARGIN``. Returns it and the measured images/s per precision."""
+    rates: dict[str, float] = {}
+    best: Backend | None = None
+    best_rate = 0.0
+    for dtype in candidates:
+        backend = build(dtype)
+        if len(candidates) == 1:
+            return backend, rates
+        rate = images_per_second(backend, input_shape, rows)
+        rates[NAMES[dtype]] = rate
+        if best is None or rate > best_rate * MARGIN:
+            best, best_rate = backend, rate
+    assert best is not None
+    logger.info(
+        "precision auto: %s (measured %s images/s at batch %d)",
+        best.precision,
+        ", ".join(f"{name} {rate:.1f}" for name, rate in rates.items()),
+        rows,
+    )
+    return best, rates
