@@ -40,12 +40,13 @@ $(BENCH_STAMP): $(STAMP)
 ## A short run of the whole benchmark suite (a few minutes); writes benchmarks/results/bench-*
 bench: $(BENCH_STAMP)
 	$(BIN)/python -m benchmarks.batcher_overhead --requests 20000 --runs 2 --no-write
-	$(BIN)/python -m benchmarks.offline --model resnet18 --precision bf16 --batch-sizes 1 8 \
+	$(BIN)/python -m benchmarks.offline --model resnet18 --precision fp32 --batch-sizes 1 8 \
 		--seconds 2 --runs 1 --name bench-offline
 	$(BIN)/python -m benchmarks.compare --model resnet18 --batch-size 8 --rounds 1 --duration 6 \
 		--name bench-compare
-	$(BIN)/python -m benchmarks.sweep --model resnet18 --rates 20 60 --delays 2 20 \
-		--batch-sizes 8 --duration 5 --warmup 2 --name bench-sweep
+	$(BIN)/python -m benchmarks.sweep --model resnet18 --rates 20 50 --rounds 1 \
+		--configs "batching off:max_batch_size=1" "batch 8:max_batch_size=8" \
+		--duration 5 --warmup 2 --name bench-sweep
 	$(BIN)/python -m benchmarks.profile --model resnet18 --batches 4 --requests 15 \
 		--name bench-profile
 	$(BIN)/python -m benchmarks.accuracy --model resnet18 --count 64 --name bench-accuracy

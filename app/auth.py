@@ -10,11 +10,12 @@ from app.errors import UnauthorizedError
 from app.state import server_state
 
 
-def require_api_key(request: Request) -> None:
+async def require_api_key(request: Request) -> None:
     """With ``BATCHSERVE_API_KEY`` set, demand ``Authorization: Bearer <key>``.
 
     The comparison takes the same time for every wrong key; the answer is the same whether the
-    header is missing or wrong.
+    header is missing or wrong. A coroutine, so that FastAPI runs it inline: a plain function
+    dependency would cost every request a hop through the thread pool.
     """
     expected = server_state(request).settings.api_key
     if expected is None:

@@ -2,13 +2,13 @@
 
 from __future__ import annotations
 
-import os
 from pathlib import Path
 from typing import Annotated, Any, Literal
 
 from pydantic import Field, SecretStr, ValidationError, field_validator, model_validator
 from pydantic_settings import BaseSettings, NoDecode, SettingsConfigDict
 
+from app.cpus import available_cpus
 from batching import BatchConfig, parse_sizes
 
 ENV_PREFIX = "BATCHSERVE_"
@@ -136,12 +136,13 @@ class Settings(BaseSettings):
 
     @property
     def decode_threads(self) -> int:
-        return self.decode_workers or os.cpu_count() or 1
+        return self.decode_workers or available_cpus()
 
     @property
     def intra_op_threads(self) -> int:
-        """Threads torch (and any other runtime) uses inside one forward pass."""
-        return self.torch_threads or os.cpu_count() or 1
+        """Threads torch (and any other runtime) uses inside one forward pass: by default
+        every CPU the process may use (its affinity mask, capped by a container's CPU quota)."""
+        return self.torch_threads or available_cpus()
 
     def batch_config(self, device_type: str) -> BatchConfig:
         """The batcher's configuration for a model on a device of this type (``cpu``, ``cuda``).

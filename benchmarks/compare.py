@@ -186,7 +186,7 @@ same machine as the server (the cores it used are shown).
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--model", default="resnet18")
-    parser.add_argument("--precision", default="bf16")
+    parser.add_argument("--precision", default="fp32")
     parser.add_argument("--batch-size", type=int, default=16)
     parser.add_argument("--clients", type=int, default=64)
     parser.add_argument("--rounds", type=int, default=3)

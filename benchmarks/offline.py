@@ -175,7 +175,7 @@ JPEGs; {data["decode_threads"]} decode threads (`python -m benchmarks.offline`).
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--model", nargs="+", default=["resnet18"])
-    parser.add_argument("--precision", nargs="+", default=["bf16", "fp32"])
+    parser.add_argument("--precision", nargs="+", default=["fp32", "bf16"])
     parser.add_argument("--batch-sizes", nargs="+", type=int, default=[1, 4, 8, 16, 32])
     parser.add_argument("--seconds", type=float, default=4.0)
     parser.add_argument("--runs", type=int, default=3)

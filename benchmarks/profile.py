@@ -154,7 +154,7 @@ the GIL inside the server.
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--model", default="resnet18")
-    parser.add_argument("--precision", default="bf16")
+    parser.add_argument("--precision", default="fp32")
     parser.add_argument("--batch-size", type=int, default=8)
     parser.add_argument("--batches", type=int, default=8)
     parser.add_argument("--requests", type=int, default=30)

@@ -146,7 +146,7 @@ own delays: it shares the machine's cores with the server. The server columns ar
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--model", default="resnet18")
-    parser.add_argument("--precision", default="bf16")
+    parser.add_argument("--precision", default="fp32")
     parser.add_argument("--batch-size", type=int, default=8)
     parser.add_argument("--factor", type=float, default=4.0)
     parser.add_argument("--duration", type=float, default=60.0)

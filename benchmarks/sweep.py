@@ -1,13 +1,19 @@
-"""What batching buys, and which window and batch size meet a latency target.
+"""What batching buys, and which batching settings meet a latency target.
 
-Starts the real server (a uvicorn process) once per configuration: batching off
-(``MAX_BATCH_SIZE=1``) and a grid of ``MAX_QUEUE_DELAY_MS`` x ``MAX_BATCH_SIZE``; drives each
-with open-loop Poisson load at several offered rates (latency from the scheduled send time);
-writes a markdown table, a JSON file and PNG plots (latency vs throughput, batch sizes).
+Starts the real server (a uvicorn process, fresh for every configuration in every round) for
+each named configuration and drives it with open-loop Poisson load at several offered rates
+(latency from the scheduled send time). The default configurations cover what changes the
+outcome on a CPU: batching off, the cap (``MAX_BATCH_SIZE``), a second batch in flight
+(``MAX_INFLIGHT_BATCHES=2``, where the window acts while a batch runs), and the window with
+idle dispatch off (``DISPATCH_WHEN_IDLE=false``, where every batch waits for it). With the CPU
+defaults (one batch in flight, idle dispatch on) the window never acts: see the README.
+
+Writes a markdown table (medians over rounds), a JSON file and PNG plots.
 
 Usage::
 
-    python -m benchmarks.sweep --model resnet18 --rates 20 40 60 80 --delays 2 10 --batch-sizes 8 16
+    python -m benchmarks.sweep --model resnet18 --rates 20 40 60 --rounds 2
+    python -m benchmarks.sweep --configs "off:max_batch_size=1" "b8:max_batch_size=8"
     python -m benchmarks.sweep --answer results/sweep-resnet18.json --slo-ms 300
 """
 
@@ -19,46 +25,89 @@ import json
 from pathlib import Path
 from typing import Any
 
-from benchmarks.common import RESULTS, machine, machine_markdown, table, write_results
-from benchmarks.compare import server_env
+from benchmarks.common import RESULTS, machine, machine_markdown, median, table, write_results
+from benchmarks.compare import server_env, variants
 from benchmarks.corpus import corpus
 from benchmarks.loadgen import LoadSpec, run_url
 from benchmarks.servers import UvicornProcess
 
-
-def configurations(args: argparse.Namespace) -> list[dict[str, Any]]:
-    grid = [{"name": "batching off", "max_batch_size": 1, "max_queue_delay_ms": 0.0}]
-    for size in args.batch_sizes:
-        for delay in args.delays:
-            grid.append({"name": f"batch {size}, window {delay:g} ms", "max_batch_size": size,
-                         "max_queue_delay_ms": delay})  # fmt: skip
-    return grid
+DEFAULT_CONFIGS = [
+    "batching off:max_batch_size=1",
+    "batch 32 (defaults):max_batch_size=32",
+    "batch 8:max_batch_size=8",
+    "batch 8, 2 in flight, window 2 ms:max_batch_size=8,max_inflight_batches=2",
+    "batch 8, 2 in flight, window 20 ms:max_batch_size=8,max_inflight_batches=2,"
+    "max_queue_delay_ms=20",
+    "batch 8, idle dispatch off, window 2 ms:max_batch_size=8,dispatch_when_idle=false",
+    "batch 8, idle dispatch off, window 20 ms:max_batch_size=8,dispatch_when_idle=false,"
+    "max_queue_delay_ms=20",
+]
 
 
 def run(args: argparse.Namespace) -> dict[str, Any]:
     images = corpus(args.images, 64)
-    rows = []
-    for config in configurations(args):
-        env = server_env(
-            args.model, args.precision, config["max_batch_size"],
-            BATCHSERVE_MAX_QUEUE_DELAY_MS=str(config["max_queue_delay_ms"]),
-        )  # fmt: skip
-        with UvicornProcess(env) as server:
-            for rate in args.rates:
-                spec = LoadSpec(concurrency=None, rate=rate, warmup_s=args.warmup,
-                                duration_s=args.duration, timeout_s=args.timeout)  # fmt: skip
-                result = asyncio.run(run_url(server.url, images, spec))
-                row = {**config, "offered_rate": rate, **result}
-                rows.append(row)
-                print(f"  {config['name']} @ {rate:g}/s: {result['throughput']:.1f} images/s, "
-                      f"p99 {result['latency_ms']['p99']:.0f} ms, mean batch "
-                      f"{result['server']['mean_batch_size']:.1f}", flush=True)  # fmt: skip
+    configs = variants(args.configs)
+    samples: dict[tuple[str, float], list[dict[str, Any]]] = {}
+    for round_index in range(args.rounds):
+        print(f"round {round_index + 1}/{args.rounds}", flush=True)
+        for name, settings in configs.items():
+            env = {**server_env(args.model, args.precision, 32), **settings}
+            with UvicornProcess(env) as server:
+                for rate in args.rates:
+                    spec = LoadSpec(concurrency=None, rate=rate, warmup_s=args.warmup,
+                                    duration_s=args.duration, timeout_s=args.timeout)  # fmt: skip
+                    result = asyncio.run(run_url(server.url, images, spec))
+                    samples.setdefault((name, rate), []).append(result)
+                    print(f"  {name} @ {rate:g}/s: {result['throughput']:.1f} images/s, "
+                          f"p99 {result['latency_ms']['p99']:.0f} ms, mean batch "
+                          f"{result['server']['mean_batch_size']:.1f}", flush=True)  # fmt: skip
+    rows = [summarize(name, rate, results, configs[name])
+            for (name, rate), results in samples.items()]  # fmt: skip
     return {
         "machine": machine(),
         "model": args.model,
         "precision": args.precision,
         "duration_s": args.duration,
+        "rounds": args.rounds,
+        "configs": args.configs,
         "rows": rows,
+        "samples": [
+            {"name": name, "offered_rate": rate, "results": results}
+            for (name, rate), results in samples.items()
+        ],
+    }
+
+
+def summarize(
+    name: str, rate: float, results: list[dict[str, Any]], settings: dict[str, str]
+) -> dict[str, Any]:
+    """Medians over rounds of one configuration at one offered rate."""
+
+    def server(key: str) -> float:
+        return median([result["server"][key] for result in results])
+
+    errors: dict[str, int] = {}
+    for result in results:
+        for kind, count in result["errors"].items():
+            errors[kind] = errors.get(kind, 0) + count
+    last = results[-1]
+    return {
+        "name": name,
+        "settings": settings,
+        "offered_rate": rate,
+        "throughput": median([result["throughput"] for result in results]),
+        "latency_ms": {
+            q: median([result["latency_ms"][q] for result in results])
+            for q in ("p50", "p90", "p99")
+        },
+        "ok": sum(result["ok"] for result in results),
+        "errors": errors,
+        "server": {
+            "mean_batch_size": server("mean_batch_size"),
+            "mean_queue_wait_ms": server("mean_queue_wait_ms"),
+            "device_busy_ratio": server("device_busy_ratio"),
+            "batch_size_histogram": last["server"]["batch_size_histogram"],
+        },
     }
 
 
@@ -85,7 +134,7 @@ def plot(data: dict[str, Any], stem: str) -> list[Path]:
     for name, rows in by_config.items():
         rows = sorted(rows, key=lambda row: row["offered_rate"])
         xs = [row["throughput"] for row in rows]
-        style = {"linewidth": 3, "color": "black"} if name == "batching off" else {}
+        style: dict[str, Any] = {"linewidth": 3, "color": "black"} if name == "batching off" else {}
         axes[0].plot(xs, [row["latency_ms"]["p50"] for row in rows], marker="o", label=name,
                      **style)  # fmt: skip
         axes[1].plot(xs, [row["latency_ms"]["p99"] for row in rows], marker="o", label=name,
@@ -139,10 +188,14 @@ def markdown(data: dict[str, Any], slos: list[float], stem: str) -> str:
                         f"{best['throughput']:.1f}" if best else "-"])  # fmt: skip
     head = ["configuration", "offered/s", "images/s", "p50 ms", "p99 ms", "mean batch",
             "queue wait ms", "device busy", "errors"]  # fmt: skip
+    settings = "\n".join(f"- {spec}" for spec in data["configs"])
     return f"""# Batching sweep: {data["model"]} {data["precision"]}
 
-Open-loop Poisson load, latency from the scheduled send time; {data["duration_s"]} s per point
-(`python -m benchmarks.sweep`).
+Open-loop Poisson load, latency from the scheduled send time; {data["duration_s"]} s per point,
+medians of {data["rounds"]} rounds, a fresh server process per configuration and round
+(`python -m benchmarks.sweep`). Configurations (name: settings; the rest are defaults):
+
+{settings}
 
 {table(head, rows)}
 
@@ -163,10 +216,15 @@ Open-loop Poisson load, latency from the scheduled send time; {data["duration_s"
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--model", default="resnet18")
-    parser.add_argument("--precision", default="bf16")
-    parser.add_argument("--rates", nargs="+", type=float, default=[20, 40, 60, 80])
-    parser.add_argument("--delays", nargs="+", type=float, default=[2, 10, 50])
-    parser.add_argument("--batch-sizes", nargs="+", type=int, default=[8, 16])
+    parser.add_argument("--precision", default="fp32")
+    parser.add_argument("--rates", nargs="+", type=float, default=[20, 40, 55, 70])
+    parser.add_argument(
+        "--configs",
+        nargs="+",
+        default=DEFAULT_CONFIGS,
+        help="name:setting=value,... (one server per configuration)",
+    )
+    parser.add_argument("--rounds", type=int, default=2)
     parser.add_argument("--duration", type=float, default=10.0)
     parser.add_argument("--warmup", type=float, default=3.0)
     parser.add_argument("--timeout", type=float, default=30.0)

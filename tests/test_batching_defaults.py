@@ -15,8 +15,17 @@ from typing import Any
 import pytest
 
 from app.settings import load_settings
-from batching import DynamicBatcher, ManualClock
+from batching import BatchConfig, DynamicBatcher, ManualClock
 from tests.fakes import GatedRun, Recorder, settle
+
+
+def started(
+    config: BatchConfig,
+) -> tuple[DynamicBatcher[int, Any], GatedRun, Recorder, ManualClock]:
+    clock, run, recorder = ManualClock(), GatedRun(), Recorder()
+    batcher: DynamicBatcher[int, Any] = DynamicBatcher(run, config, recorder, clock=clock)
+    batcher.start()
+    return batcher, run, recorder, clock
 
 
 @pytest.mark.parametrize(
@@ -27,11 +36,7 @@ from tests.fakes import GatedRun, Recorder, settle
 async def test_on_a_cpu_batches_leave_when_the_device_is_free(overrides: dict[str, Any]) -> None:
     config = load_settings(max_batch_size=8, **overrides).batch_config("cpu")
     assert (config.max_inflight_batches, config.dispatch_when_idle) == (1, True)
-    clock = ManualClock()
-    run = GatedRun()
-    recorder = Recorder()
-    batcher: DynamicBatcher[int, Any] = DynamicBatcher(run, config, recorder, clock=clock)
-    batcher.start()
+    batcher, run, recorder, clock = started(config)
 
     first = asyncio.ensure_future(batcher.submit(1))
     await run.wait_started(1)  # an idle device: sent at once
@@ -56,11 +61,7 @@ async def test_with_a_free_slot_the_window_does_act() -> None:
     config = load_settings(
         max_batch_size=8, max_inflight_batches=2, max_queue_delay_ms=10
     ).batch_config("cpu")
-    clock = ManualClock()
-    run = GatedRun()
-    recorder = Recorder()
-    batcher: DynamicBatcher[int, Any] = DynamicBatcher(run, config, recorder, clock=clock)
-    batcher.start()
+    batcher, run, recorder, clock = started(config)
     first = asyncio.ensure_future(batcher.submit(1))
     await run.wait_started(1)
     others = [asyncio.ensure_future(batcher.submit(item)) for item in (2, 3)]

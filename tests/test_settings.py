@@ -2,10 +2,12 @@
 
 from __future__ import annotations
 
+import os
 from pathlib import Path
 
 import pytest
 
+from app.cpus import available_cpus, cgroup_cpu_quota
 from app.main import create_app
 from app.settings import SettingsError, load_settings
 
@@ -102,3 +104,29 @@ def test_every_setting_is_documented() -> None:
     documented = {name.lower() for name in re.findall(r"^\| `([A-Z_]+)`", table, re.MULTILINE)}
     documented |= {"image_size", "resize_size"}  # one row: `IMAGE_SIZE` / `RESIZE_SIZE`
     assert fields <= documented, fields - documented
+
+
+def test_cpu_budget_follows_the_affinity_mask_and_the_container_quota(tmp_path: Path) -> None:
+    mask = len(os.sched_getaffinity(0))
+    assert available_cpus(tmp_path) == mask  # no cgroup files: the affinity mask
+    (tmp_path / "cpu.max").write_text("max 100000\n")
+    assert cgroup_cpu_quota(tmp_path) is None
+    assert available_cpus(tmp_path) == mask
+    (tmp_path / "cpu.max").write_text("50000 100000\n")  # half a CPU: still one thread
+    assert cgroup_cpu_quota(tmp_path) == 0.5
+    assert available_cpus(tmp_path) == 1
+    (tmp_path / "cpu.max").unlink()
+    (tmp_path / "cpu").mkdir()
+    (tmp_path / "cpu" / "cpu.cfs_quota_us").write_text("150000\n")  # cgroup v1, 1.5 CPUs
+    (tmp_path / "cpu" / "cpu.cfs_period_us").write_text("100000\n")
+    assert cgroup_cpu_quota(tmp_path) == 1.5
+    assert available_cpus(tmp_path) == min(mask, 2)
+    (tmp_path / "cpu" / "cpu.cfs_quota_us").write_text("-1\n")
+    assert cgroup_cpu_quota(tmp_path) is None
+
+
+def test_thread_budget_defaults_and_overrides() -> None:
+    assert load_settings().intra_op_threads == available_cpus()
+    assert load_settings().decode_threads == available_cpus()
+    assert load_settings(torch_threads=3, decode_workers=1).intra_op_threads == 3
+    assert load_settings(torch_threads=3, decode_workers=1).decode_threads == 1

@@ -5,11 +5,19 @@ from __future__ import annotations
 from fastapi import APIRouter, Request
 from starlette.responses import Response
 
+from app.lifecycle import Lifecycle
 from app.responses import json_response
 from app.schemas import Status
 from app.state import server_state
 
 router = APIRouter()
+
+
+def _probe(lifecycle: Lifecycle, passing: bool, good: str, bad: str) -> Response:
+    if passing:
+        return json_response({"status": good, "state": lifecycle.phase.value})
+    body = {"status": bad, "state": lifecycle.phase.value, "reason": lifecycle.reason}
+    return json_response(body, status_code=503)
 
 
 @router.get(
@@ -20,12 +28,7 @@ router = APIRouter()
 )
 async def healthz(request: Request) -> Response:
     lifecycle = server_state(request).lifecycle
-    if lifecycle.live:
-        return json_response({"status": "ok", "state": lifecycle.phase.value})
-    return json_response(
-        {"status": "failed", "state": lifecycle.phase.value, "reason": lifecycle.reason},
-        status_code=503,
-    )
+    return _probe(lifecycle, lifecycle.live, "ok", "failed")
 
 
 @router.get(
@@ -36,9 +39,4 @@ async def healthz(request: Request) -> Response:
 )
 async def readyz(request: Request) -> Response:
     lifecycle = server_state(request).lifecycle
-    if lifecycle.ready:
-        return json_response({"status": "ready", "state": lifecycle.phase.value})
-    return json_response(
-        {"status": "not_ready", "state": lifecycle.phase.value, "reason": lifecycle.reason},
-        status_code=503,
-    )
+    return _probe(lifecycle, lifecycle.ready, "ready", "not_ready")

@@ -1,0 +1,44 @@
+"""How many CPUs this process may really use: the thread budget's starting point.
+
+``os.cpu_count()`` and torch's own default count the host's cores. In a container with a CPU
+limit (Kubernetes ``resources.limits.cpu``) that is far more than the process gets, and a
+forward pass split over 32 threads on a 2-CPU quota spends its time throttled and waiting at
+barriers. The affinity mask and the cgroup quota say what is really there.
+"""
+
+from __future__ import annotations
+
+import math
+import os
+from pathlib import Path
+
+CGROUP = Path("/sys/fs/cgroup")
+
+
+def available_cpus(cgroup: Path = CGROUP) -> int:
+    """CPUs in this process's affinity mask, capped by its cgroup CPU quota (rounded up)."""
+    try:
+        count = len(os.sched_getaffinity(0))
+    except AttributeError:  # not on Linux
+        count = os.cpu_count() or 1
+    quota = cgroup_cpu_quota(cgroup)
+    if quota is not None:
+        count = min(count, max(1, math.ceil(quota)))
+    return max(1, count)
+
+
+def cgroup_cpu_quota(cgroup: Path = CGROUP) -> float | None:
+    """The CPU limit in CPUs (cgroup v2 ``cpu.max``, or v1 ``cfs_quota_us``), None if unlimited."""
+    try:
+        quota, _, period = (cgroup / "cpu.max").read_text().strip().partition(" ")
+        if quota == "max":
+            return None
+        return int(quota) / int(period or 100_000)
+    except (OSError, ValueError):
+        pass
+    try:
+        quota_us = int((cgroup / "cpu" / "cpu.cfs_quota_us").read_text())
+        period_us = int((cgroup / "cpu" / "cpu.cfs_period_us").read_text())
+    except (OSError, ValueError):
+        return None
+    return quota_us / period_us if quota_us > 0 and period_us > 0 else None
