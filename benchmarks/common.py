@@ -32,6 +32,8 @@ def machine() -> dict[str, Any]:
         info["torch"] = torch.__version__
         info["torchvision"] = torchvision.__version__
         info["torch_threads"] = torch.get_num_threads()
+        info["cpu_capability"] = torch.backends.cpu.get_cpu_capability()
+        info["native_bf16"] = bool(torch.ops.mkldnn._is_mkldnn_bf16_supported())
         info["cuda"] = torch.cuda.get_device_name(0) if torch.cuda.is_available() else None
     except ImportError:
         pass
@@ -66,8 +68,8 @@ def percentile(values: Sequence[float], q: float) -> float:
 
 
 def machine_markdown(info: dict[str, Any]) -> str:
-    keys = ("date", "cpu", "cpus", "torch_threads", "cuda", "python", "torch", "torchvision",
-            "platform", "commit")  # fmt: skip
+    keys = ("date", "cpu", "cpus", "cpu_capability", "native_bf16", "torch_threads", "cuda",
+            "python", "torch", "torchvision", "platform", "commit")  # fmt: skip
     return "\n".join(f"- {key}: {info[key]}" for key in keys if key in info)
 
 
