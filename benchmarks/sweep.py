@@ -244,10 +244,10 @@ def main() -> None:
         return
     stem = args.name or f"sweep-{args.model}"
     data = run(args)
-    plot(data, stem)
     text = markdown(data, args.slo_ms, stem)
+    write_results(stem, data, text)  # before plotting: a plotting failure loses no measurement
+    plot(data, stem)
     print(text)
-    write_results(stem, data, text)
 
 
 if __name__ == "__main__":
