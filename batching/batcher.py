@@ -59,28 +59,40 @@ class _GuardedObserver(BatchObserver):
         self._inner = inner
         self._reported: set[str] = set()
 
-    def _call(self, hook: str, *args: object) -> None:
-        try:
-            getattr(self._inner, hook)(*args)
-        except Exception:
-            if hook not in self._reported:
-                self._reported.add(hook)
-                logger.exception("the batch observer's %s hook failed (ignored from now on)", hook)
+    def _failed(self, hook: str) -> None:
+        if hook not in self._reported:
+            self._reported.add(hook)
+            logger.exception("the batch observer's %s hook failed (ignored from now on)", hook)
 
     def on_reject(self, reason: RejectReason) -> None:
-        self._call("on_reject", reason)
+        try:
+            self._inner.on_reject(reason)
+        except Exception:
+            self._failed("on_reject")
 
     def on_drop(self, reason: DropReason, queue_wait_s: float) -> None:
-        self._call("on_drop", reason, queue_wait_s)
+        try:
+            self._inner.on_drop(reason, queue_wait_s)
+        except Exception:
+            self._failed("on_drop")
 
     def on_dispatch(self, batch_size: int, queue_waits_s: Sequence[float]) -> None:
-        self._call("on_dispatch", batch_size, queue_waits_s)
+        try:
+            self._inner.on_dispatch(batch_size, queue_waits_s)
+        except Exception:
+            self._failed("on_dispatch")
 
     def on_complete(self, batch_size: int, duration_s: float, error: BaseException | None) -> None:
-        self._call("on_complete", batch_size, duration_s, error)
+        try:
+            self._inner.on_complete(batch_size, duration_s, error)
+        except Exception:
+            self._failed("on_complete")
 
     def on_expired_in_flight(self) -> None:
-        self._call("on_expired_in_flight")
+        try:
+            self._inner.on_expired_in_flight()
+        except Exception:
+            self._failed("on_expired_in_flight")
 
 
 class DynamicBatcher(Generic[T, R]):

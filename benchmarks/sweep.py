@@ -112,12 +112,20 @@ def summarize(
 
 
 def best_for(rows: list[dict[str, Any]], slo_ms: float) -> dict[str, Any] | None:
-    """The configuration with the highest throughput whose p99 met the SLO with no errors."""
+    """The configuration with the highest throughput whose p99 met the SLO with no errors.
+
+    Throughputs within 2% of the best count as equal (below saturation every configuration
+    serves what is offered), and among those the lowest p99 wins.
+    """
     meeting = [
         row for row in rows
         if row["latency_ms"]["p99"] <= slo_ms and not row["errors"] and row["ok"] > 0
     ]  # fmt: skip
-    return max(meeting, key=lambda row: row["throughput"]) if meeting else None
+    if not meeting:
+        return None
+    top = max(row["throughput"] for row in meeting)
+    close = [row for row in meeting if row["throughput"] >= 0.98 * top]
+    return min(close, key=lambda row: row["latency_ms"]["p99"])
 
 
 def plot(data: dict[str, Any], stem: str) -> list[Path]:
