@@ -14,7 +14,7 @@ from prometheus_fastapi_instrumentator import Instrumentator
 from app.admission import Admission
 from app.auth import require_api_key
 from app.draining import SigtermDrain
-from app.engine import build_engine, resolve_device
+from app.engine import DeviceError, ModelLoadError, StartupError, build_engine, resolve_device
 from app.errors import install_error_handlers
 from app.limits import HeaderLimitMiddleware
 from app.logs import configure_logging
@@ -76,8 +76,12 @@ def _lifespan(server: ServerState):  # type: ignore[no-untyped-def]
         settings, metrics, lifecycle = server.settings, server.metrics, server.lifecycle
         config = settings.batch_config(resolve_device(settings.device).type)
         # Loading and warm-up take seconds: keep them off the event loop.
-        engine = await asyncio.to_thread(build_engine, settings, config, metrics)
-        warmup = await asyncio.to_thread(engine.warmup)
+        try:
+            engine = await asyncio.to_thread(build_engine, settings, config, metrics)
+            warmup = await asyncio.to_thread(engine.warmup)
+        except (StartupError, ModelLoadError, DeviceError) as exc:
+            logger.critical("batchserve cannot start: %s", exc)
+            raise
         timings = ExecutionTimeModel()
         for size, seconds in warmup.items():
             timings.observe(size, seconds)

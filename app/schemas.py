@@ -52,6 +52,7 @@ class ModelInfo(BaseModel):
     precision: str
     state: str
     backend: dict[str, Any]
+    check: dict[str, Any] | None
     input_shape: list[int]
     resize_size: int
     num_classes: int

@@ -13,7 +13,8 @@ from batching import BatchConfig, parse_sizes
 
 ENV_PREFIX = "BATCHSERVE_"
 
-Precision = Literal["auto", "fp32", "fp16", "bf16"]
+Precision = Literal["auto", "fp32", "fp16", "bf16", "int8"]
+BackendName = Literal["torch", "onnxruntime", "openvino"]
 DecodeDevice = Literal["auto", "cpu", "cuda"]
 LogLevel = Literal["critical", "error", "warning", "info", "debug"]
 
@@ -40,6 +41,10 @@ class Settings(BaseSettings):
     resize_size: int | None = Field(None, ge=8, le=8192)
     cuda_graphs: bool = False
     compile: Literal["auto", "none", "torchscript", "inductor"] = "auto"
+    backend: BackendName = "torch"
+    artifacts_dir: Path = Path.home() / ".cache" / "batchserve" / "artifacts"
+    calibration_dir: Path | None = None
+    allow_ungated_int8: bool = False
 
     # Batching
     max_batch_size: int = Field(32, ge=1, le=4096)
@@ -90,6 +95,13 @@ class Settings(BaseSettings):
             raise ValueError(f"no labels file at {value}")
         return value
 
+    @field_validator("calibration_dir")
+    @classmethod
+    def _calibration_exists(cls, value: Path | None) -> Path | None:
+        if value is not None and not value.is_dir():
+            raise ValueError(f"no directory at {value}")
+        return value
+
     @field_validator("device")
     @classmethod
     def _device_name(cls, value: str) -> str:
@@ -106,6 +118,11 @@ class Settings(BaseSettings):
                     f"PREFERRED_BATCH_SIZES: {size} is not between 1 and MAX_BATCH_SIZE "
                     f"({self.max_batch_size})"
                 )
+        if self.precision == "int8" and self.backend == "torch":
+            raise ValueError(
+                "PRECISION=int8 is served by BACKEND=onnxruntime or BACKEND=openvino, from a "
+                "quantized artefact that passed its accuracy gate"
+            )
         if self.max_queue_bytes < self.max_image_bytes:
             raise ValueError(
                 f"MAX_QUEUE_BYTES ({self.max_queue_bytes}) must be at least MAX_IMAGE_BYTES "

@@ -1,6 +1,7 @@
-"""Accuracy gate: does a faster configuration (fp16, bf16, TorchScript, inductor...) give the
-same answers as the fp32 eager reference? Exits non-zero when it does not, so it can gate a
-deployment.
+"""Accuracy gate: does a faster configuration (fp16, bf16, TorchScript, inductor, another
+backend, INT8...) give the same answers as the fp32 eager reference? Exits non-zero when it
+does not, so it can gate a deployment. The comparison is the server's own (``app.engine.gate``,
+the same the INT8 gate and the start-up check use).
 
 With a labelled folder (ImageFolder layout: ``<root>/<class>/<image>``, the class a label or an
 index), both configurations' top-1 and top-5 accuracy are reported and the candidate's top-1
@@ -11,6 +12,7 @@ Usage::
 
     python -m benchmarks.accuracy --model resnet50 --weights auto --images val/ \\
         --candidate precision=bf16 --reference precision=fp32 compile=none
+    python -m benchmarks.accuracy --model resnet50 --candidate backend=openvino
 """
 
 from __future__ import annotations
@@ -21,7 +23,10 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from app.engine import InferenceEngine, InferenceRequest, Prediction
+import torch
+
+from app.engine import InferenceEngine
+from app.engine.gate import Bounds, compare, probabilities, verdict
 from benchmarks.common import machine, machine_markdown, table, write_results
 from benchmarks.corpus import IMAGE_SUFFIXES, generate
 from benchmarks.offline import make_engine
@@ -59,17 +64,9 @@ def engine_for(model: str, weights: str, overrides: dict[str, str], batch: int) 
     return make_engine(model, precision, batch, weights=weights, warm=False, **settings)
 
 
-def predict_all(engine: InferenceEngine, samples: list[Sample], batch: int) -> list[Prediction]:
-    """Every class's probability for every sample (top_k = number of classes)."""
-    results: list[Prediction] = []
-    for start in range(0, len(samples), batch):
-        chunk = samples[start : start + batch]
-        requests = [InferenceRequest(engine.prepare(s.data), engine.num_classes) for s in chunk]
-        for outcome in engine.run_batch(requests):
-            if isinstance(outcome, BaseException):
-                raise outcome
-            results.append(outcome)
-    return results
+def predict_all(engine: InferenceEngine, samples: list[Sample], batch: int) -> torch.Tensor:
+    """Every class's probability for every sample, ``[samples, classes]``."""
+    return probabilities(engine, [sample.data for sample in samples], batch)
 
 
 def label_index(engine: InferenceEngine, label: str) -> int:
@@ -81,54 +78,20 @@ def label_index(engine: InferenceEngine, label: str) -> int:
         raise SystemExit(f"class folder {label!r} is neither an index nor a model label") from None
 
 
-def compare(
-    reference: list[Prediction], candidate: list[Prediction], samples: list[Sample],
+def compare_on(
+    reference: torch.Tensor, candidate: torch.Tensor, samples: list[Sample],
     engine: InferenceEngine,
 ) -> dict[str, Any]:  # fmt: skip
-    agree, overlap, largest = 0, 0.0, 0.0
-    hits = {"reference": [0, 0], "candidate": [0, 0]}
+    """``app.engine.gate.compare``, with the true classes when every sample has a label."""
     labelled = all(sample.label is not None for sample in samples)
-    for ref, cand, sample in zip(reference, candidate, samples, strict=True):
-        ref_order = [c["index"] for c in ref.classes]
-        cand_order = [c["index"] for c in cand.classes]
-        agree += ref_order[0] == cand_order[0]
-        overlap += len(set(ref_order[:5]) & set(cand_order[:5])) / 5
-        ref_scores = {c["index"]: c["score"] for c in ref.classes}
-        for entry in cand.classes:
-            largest = max(largest, abs(entry["score"] - ref_scores[entry["index"]]))
-        if labelled:
-            truth = label_index(engine, sample.label or "")
-            for name, order in (("reference", ref_order), ("candidate", cand_order)):
-                hits[name][0] += order[0] == truth
-                hits[name][1] += truth in order[:5]
-    count = len(samples)
-    report: dict[str, Any] = {
-        "images": count,
-        "top1_agreement": agree / count,
-        "top5_overlap": overlap / count,
-        "max_probability_difference": largest,
-        "labelled": labelled,
-    }
-    if labelled:
-        for name, (top1, top5) in hits.items():
-            report[f"{name}_top1"] = top1 / count
-            report[f"{name}_top5"] = top5 / count
-    return report
+    truth = [label_index(engine, sample.label or "") for sample in samples] if labelled else None
+    return compare(reference, candidate, truth)
 
 
-def verdict(report: dict[str, Any], args: argparse.Namespace) -> list[str]:
-    """The gate's failures (empty when it passes)."""
-    failures = []
-    if report["top1_agreement"] < args.min_agreement:
-        failures.append(f"top-1 agreement {report['top1_agreement']:.4f} < {args.min_agreement}")
-    if report["max_probability_difference"] > args.max_prob_diff:
-        failures.append(f"probability difference {report['max_probability_difference']:.4f} "
-                        f"> {args.max_prob_diff}")  # fmt: skip
-    if report["labelled"]:
-        drop = report["reference_top1"] - report["candidate_top1"]
-        if drop > args.max_top1_drop:
-            failures.append(f"top-1 accuracy drops by {drop:.4f} > {args.max_top1_drop}")
-    return failures
+def bounds(args: argparse.Namespace) -> Bounds:
+    return Bounds(min_top1_agreement=args.min_agreement,
+                  max_probability_difference=args.max_prob_diff,
+                  max_top1_drop=args.max_top1_drop)  # fmt: skip
 
 
 def run(args: argparse.Namespace) -> tuple[dict[str, Any], list[str]]:
@@ -139,13 +102,16 @@ def run(args: argparse.Namespace) -> tuple[dict[str, Any], list[str]]:
                                   args.batch_size)  # fmt: skip
     reference = predict_all(reference_engine, samples, args.batch_size)
     candidate = predict_all(candidate_engine, samples, args.batch_size)
-    report = compare(reference, candidate, samples, reference_engine)
+    report = compare_on(reference, candidate, samples, reference_engine)
     report.update({
         "model": args.model, "weights": reference_engine.weights,
-        "reference": f"{reference_engine.precision}, {reference_engine.backend.variant}",
-        "candidate": f"{candidate_engine.precision}, {candidate_engine.backend.variant}",
+        "reference": describe(reference_engine), "candidate": describe(candidate_engine),
     })  # fmt: skip
-    return report, verdict(report, args)
+    return report, verdict(report, bounds(args))
+
+
+def describe(engine: InferenceEngine) -> str:
+    return f"{engine.backend.name} {engine.backend.variant}, {engine.precision}"
 
 
 def markdown(report: dict[str, Any], failures: list[str], info: dict[str, Any]) -> str:

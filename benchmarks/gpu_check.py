@@ -29,6 +29,7 @@ import contextlib
 import json
 import subprocess
 import sys
+import tempfile
 import time
 from pathlib import Path
 from typing import Any
@@ -89,7 +90,7 @@ def precision_agreement(model: str, low: str, images: list[bytes], batch: int) -
     samples = [accuracy.Sample(str(i), data) for i, data in enumerate(images)]
     reference = accuracy.engine_for(model, "none", {"precision": "fp32", "compile": "none"}, batch)
     candidate = accuracy.engine_for(model, "none", {"precision": low, "compile": "none"}, batch)
-    report = accuracy.compare(
+    report = accuracy.compare_on(
         accuracy.predict_all(reference, samples, batch),
         accuracy.predict_all(candidate, samples, batch),
         samples,
@@ -127,6 +128,30 @@ def pipeline(model: str, precision: str, images: list[bytes], batch: int) -> dic
     result["padding"] = padding_cost(padded, 17)
     result["pads_to_buckets"] = engine.pads_to_buckets
     return result
+
+
+def runtimes(args: argparse.Namespace, images: list[bytes], cuda: bool) -> list[dict[str, Any]]:
+    """ONNX Runtime on this device (CUDA and TensorRT execution providers on a GPU, fp32 and
+    fp16): offline throughput at the largest batch size and the start-up check's figures."""
+    rows: list[dict[str, Any]] = []
+    try:
+        import onnxruntime
+    except ImportError:
+        return [{"backend": "onnxruntime", "result": "not installed"}]
+    providers = onnxruntime.get_available_providers()
+    with tempfile.TemporaryDirectory() as folder:
+        for precision in ("fp32", "fp16") if cuda else ("fp32",):
+            try:
+                (row,) = offline.measure(
+                    args.model, [precision], [args.batch_sizes[-1]], images, args.seconds, 1,
+                    args.decode_threads, backend="onnxruntime", artifacts_dir=folder,
+                )  # fmt: skip
+            except Exception as exc:  # a missing provider, TensorRT failing to build, ...
+                rows.append({"backend": "onnxruntime", "precision": precision,
+                             "result": f"failed: {exc}", "providers": providers})  # fmt: skip
+                continue
+            rows.append({"backend": "onnxruntime", "providers": providers, **row})
+    return rows
 
 
 async def served(settings: Settings, images: list[bytes], clients: int,
@@ -173,6 +198,7 @@ def check(args: argparse.Namespace) -> dict[str, Any]:
     data["offline"] = offline.measure(
         args.model, precisions, args.batch_sizes, images, args.seconds, 1, args.decode_threads
     )
+    data["runtimes"] = runtimes(args, images, cuda)
     print("7/8 served in-process", flush=True)
     settings = Settings(_env_file=None, model=args.model, weights="none", precision=low,
                         max_batch_size=args.batch_sizes[-1], cuda_graphs=cuda,
@@ -193,6 +219,13 @@ def markdown(data: dict[str, Any]) -> str:
 
     offline_rows = [[r["precision"], r["batch_size"], r["forward"], r["sequential"], r["pipelined"]]
                     for r in data["offline"]]  # fmt: skip
+    runtime_rows = "\n".join(
+        f"- {row.get('precision', '')}: "
+        + (f"forward {row['forward']:.1f}, pipelined {row['pipelined']:.1f} images/s"
+           if "forward" in row else str(row.get("result")))
+        + f" (providers: {row.get('providers')})"
+        for row in data["runtimes"]
+    )  # fmt: skip
     served = data["served"]
     latency = served["latency_ms"]
     server = served["server"]
@@ -242,6 +275,10 @@ The same batches run one at a time and from two threads at once:
 ## 6. Offline throughput (images/s)
 
 {table(["precision", "batch", "forward", "sequential", "overlapped"], offline_rows)}
+
+### ONNX Runtime on this device
+
+{runtime_rows}
 
 ## 7. Served in-process (real app over ASGI, closed loop)
 

@@ -183,12 +183,16 @@ def main() -> None:
     parser.add_argument("--images", type=Path)
     parser.add_argument("--name", default="offline", help="results/<name>.md and .json")
     parser.add_argument("--json", action="store_true", help="print the rows as JSON, write nothing")
+    parser.add_argument(
+        "--set", nargs="*", default=[], help="more settings, e.g. backend=onnxruntime"
+    )
     args = parser.parse_args()
     images = corpus(args.images, 64)
+    extra = dict(item.split("=", 1) for item in args.set)
     rows = []
     for model in args.model:
         rows += measure(model, args.precision, args.batch_sizes, images, args.seconds, args.runs,
-                        args.decode_threads)  # fmt: skip
+                        args.decode_threads, **extra)  # fmt: skip
     if args.json:
         print(json.dumps(rows))
         return

@@ -97,11 +97,11 @@ def test_every_setting_is_documented() -> None:
 
     root = Path(__file__).resolve().parent.parent
     fields = set(Settings.model_fields)
-    example = set(re.findall(r"BATCHSERVE_([A-Z_]+)=", (root / ".env.example").read_text()))
+    example = set(re.findall(r"BATCHSERVE_([A-Z0-9_]+)=", (root / ".env.example").read_text()))
     assert {name.lower() for name in example} == fields
     readme = (root / "README.md").read_text()
     table = readme[readme.index("## Settings") :]
-    documented = {name.lower() for name in re.findall(r"^\| `([A-Z_]+)`", table, re.MULTILINE)}
+    documented = {name.lower() for name in re.findall(r"^\| `([A-Z0-9_]+)`", table, re.MULTILINE)}
     documented |= {"image_size", "resize_size"}  # one row: `IMAGE_SIZE` / `RESIZE_SIZE`
     assert fields <= documented, fields - documented
 

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import threading
 import time
@@ -18,7 +19,7 @@ from app.engine.loading import LoadedModel
 from app.engine.observer import BatchReport, EngineObserver
 from app.engine.slot import BatchSlot
 from app.engine.streams import Mark, streams_for
-from app.engine.warmup import synthetic_jpeg
+from app.engine.warmup import warmup_images
 from preprocessing import Buffer, ImageLimits, PreparedImage, prepare
 from preprocessing.staging import PinnedStaging
 
@@ -82,6 +83,8 @@ class InferenceEngine:
         self._slots = PinnedStaging(self._make_slot, size=max_inflight_batches)
         self._execute_lock = threading.Lock()
         self.warmup_timings: dict[int, float] = {}
+        # The start-up check against eager PyTorch, for backends that are checked that way.
+        self.check: dict[str, Any] | None = None
 
     @property
     def precision(self) -> str:
@@ -188,7 +191,8 @@ class InferenceEngine:
         padded = bucket_for(count, self.buckets) if self.pads_to_buckets else count
         kmax = max(requests[row].top_k for row in rows)
         scores_out, indices_out = slot.readback(count, kmax)
-        with self._execute_lock, streams.compute(after=marks["collated"]):
+        lock = self._execute_lock if self.backend.serialized else contextlib.nullcontext()
+        with lock, streams.compute(after=marks["collated"]):
             forward_queued_at = time.perf_counter()
             marks["forward_start"] = streams.mark()
             with record_function("batchserve.forward"):
@@ -258,10 +262,13 @@ class InferenceEngine:
         """
         sizes = tuple(sorted(set(batch_sizes or self.buckets)))
         self.backend.prepare(self.buckets)
-        data = synthetic_jpeg(self.transform.crop_size)
+        prepared = [self.prepare(data) for data in warmup_images()]
         timings: dict[int, float] = {}
         for batch_size in sizes:
-            requests = [InferenceRequest(self.prepare(data), top_k=1) for _ in range(batch_size)]
+            requests = [
+                InferenceRequest(prepared[index % len(prepared)], top_k=1)
+                for index in range(batch_size)
+            ]
             for _ in range(rounds):
                 started = time.perf_counter()
                 for outcome in self._run(requests, report=False):

@@ -1,18 +1,50 @@
-"""Synthetic inputs for warm-up: real JPEG bytes, so warm-up runs the path requests take."""
+"""Synthetic photos for warm-up and the start-up check: real JPEG bytes, so that both run the
+path requests take (decode, resize, crop; on a GPU, nvjpeg), and varied enough that a model's
+answers differ between them."""
 
 from __future__ import annotations
 
 import functools
 import io
+import random
 
-from PIL import Image
+from PIL import Image, ImageDraw, ImageFilter
+
+# Typical web and dataset photo sizes (ImageNet's validation images average about 500x400).
+SIZES = [(500, 375), (640, 480), (375, 500), (800, 600), (500, 333), (1024, 768)]
+
+
+def synthetic_photo(width: int, height: int, seed: int) -> Image.Image:
+    """Smooth shapes over a gradient, blurred, with sensor-like noise: it compresses and
+    decodes like a photograph (about 60-200 KB at 640x480, quality 90), unlike flat colour."""
+    rng = random.Random(seed)
+    image = Image.linear_gradient("L").resize((width, height)).convert("RGB")
+    draw = ImageDraw.Draw(image)
+    for _ in range(40):
+        x, y = rng.randrange(width), rng.randrange(height)
+        radius = rng.randrange(10, max(11, min(width, height) // 3))
+        colour = tuple(rng.randrange(256) for _ in range(3))
+        box = (x - radius, y - radius, x + radius, y + radius)
+        if rng.random() < 0.5:
+            draw.ellipse(box, fill=colour)
+        else:
+            draw.rectangle(box, fill=colour)
+    image = image.filter(ImageFilter.GaussianBlur(rng.uniform(1.0, 3.0)))
+    noise = Image.effect_noise((width, height), 24).convert("RGB")
+    return Image.blend(image, noise, 0.12)
+
+
+def synthetic_jpegs(count: int, quality: int = 90, seed: int = 0) -> list[bytes]:
+    """``count`` photo-like JPEGs in the usual sizes (deterministic for a seed)."""
+    images = []
+    for index in range(count):
+        width, height = SIZES[index % len(SIZES)]
+        buffer = io.BytesIO()
+        synthetic_photo(width, height, seed + index).save(buffer, "JPEG", quality=quality)
+        images.append(buffer.getvalue())
+    return images
 
 
 @functools.cache
-def synthetic_jpeg(crop_size: int) -> bytes:
-    """A flat-coloured JPEG a little larger than the crop (decoded, resized and cropped like a
-    real upload; on a GPU, decoded by nvjpeg)."""
-    size = crop_size + 16
-    buffer = io.BytesIO()
-    Image.new("RGB", (size + 8, size), (128, 100, 90)).save(buffer, "JPEG")
-    return buffer.getvalue()
+def warmup_images(count: int = 8) -> tuple[bytes, ...]:
+    return tuple(synthetic_jpegs(count, seed=10_000))

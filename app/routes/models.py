@@ -28,6 +28,7 @@ async def list_models(request: Request) -> Response:
         "precision": engine.precision,
         "state": server.lifecycle.phase.value,
         "backend": engine.backend.describe(),
+        "check": engine.check,
         "input_shape": list(engine.input_shape),
         "resize_size": transform.resize_size,
         "num_classes": engine.num_classes,

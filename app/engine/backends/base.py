@@ -23,7 +23,10 @@ class Backend(ABC):
     - ``input_dtype`` and ``channels_last``: the layout of the input batch the engine builds;
     - ``precision``: what is reported (``fp32``, ``bf16``, ``fp16``, ...);
     - ``fixed_shapes``: True when every batch must be padded to one of the warm-up buckets
-      (captured CUDA graphs, kernels compiled per shape); False when any size runs as is.
+      (captured CUDA graphs, kernels compiled per shape); False when any size runs as is;
+    - ``serialized``: True when the engine must run one forward pass at a time (the device runs
+      one batch at a time); False for a runtime that runs concurrent calls in streams of its
+      own.
     """
 
     name: str = "backend"
@@ -32,6 +35,7 @@ class Backend(ABC):
     channels_last: bool = True
     precision: str
     fixed_shapes: bool = False
+    serialized: bool = True
     # Images/s measured per candidate precision when PRECISION=auto had a choice to make.
     measured_rates: dict[str, float] | None = None
 

@@ -1,0 +1,68 @@
+"""OpenVINO: an IR (fp32, or INT8 from a QDQ ONNX model) compiled once for the CPU.
+
+The performance hint follows ``MAX_INFLIGHT_BATCHES``: ``LATENCY`` (one stream using every
+thread) for one batch at a time; ``THROUGHPUT`` (several streams) when batches may overlap, and
+then each batch thread gets its own infer request and forward passes are not serialised, so
+that two batches really run at once. Requests run asynchronously (the thread waits without
+holding the GIL). The inference precision is pinned: OpenVINO would otherwise pick bf16 by
+itself on CPUs that have it.
+"""
+
+from __future__ import annotations
+
+import queue
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+
+from app.engine.backends.base import Backend
+from app.engine.export import import_openvino
+
+_PRECISION_HINTS = {"fp32": "f32", "bf16": "bf16", "int8": "f32"}
+
+
+class OpenVinoBackend(Backend):
+    name = "openvino"
+    channels_last = False
+
+    def __init__(
+        self, path: Path, *, precision: str, threads: int, concurrent_batches: int
+    ) -> None:
+        ov = import_openvino()
+        self.device = torch.device("cpu")
+        self.input_dtype = torch.float32
+        self.precision = precision
+        self.path = path
+        self.hint = "THROUGHPUT" if concurrent_batches > 1 else "LATENCY"
+        config = {
+            "PERFORMANCE_HINT": self.hint,
+            "INFERENCE_NUM_THREADS": threads,
+            "INFERENCE_PRECISION_HINT": _PRECISION_HINTS.get(precision, "f32"),
+        }
+        if self.hint == "THROUGHPUT":
+            config["NUM_STREAMS"] = concurrent_batches
+        core = ov.Core()
+        self.compiled = core.compile_model(core.read_model(str(path)), "CPU", config)
+        self.serialized = self.hint == "LATENCY"
+        self._requests: queue.SimpleQueue[Any] = queue.SimpleQueue()
+        for _ in range(max(1, concurrent_batches)):
+            self._requests.put(self.compiled.create_infer_request())
+
+    @property
+    def variant(self) -> str:
+        return self.hint.lower()
+
+    def forward(self, batch: torch.Tensor) -> torch.Tensor:
+        request = self._requests.get()
+        try:
+            request.start_async({0: batch.contiguous().numpy()}, share_inputs=True)
+            request.wait()
+            logits: np.ndarray[Any, Any] = request.get_output_tensor(0).data
+            return torch.from_numpy(logits.copy())  # the request's buffer is reused
+        finally:
+            self._requests.put(request)
+
+    def describe(self) -> dict[str, Any]:
+        return {**super().describe(), "artifact": str(self.path), "hint": self.hint}

