@@ -43,7 +43,7 @@ async def read_image(
     """
     media_type = request.headers.get("content-type", "").partition(";")[0].strip().lower()
     if media_type.startswith("image/") or media_type in _RAW_TYPES:
-        return await _read_limited(request, max_bytes, reserve)
+        return await read_raw(request, max_bytes, reserve)
     if media_type == "multipart/form-data":
         return await _read_multipart(request, max_bytes, reserve)
     shown = media_type or "none"
@@ -88,7 +88,10 @@ async def _limited_stream(
         yield chunk
 
 
-async def _read_limited(request: Request, max_bytes: int, reserve: Reserve) -> bytearray:
+async def read_raw(
+    request: Request, max_bytes: int, reserve: Reserve = _no_reservation
+) -> bytearray:
+    """The whole body, whatever its content type, within ``max_bytes`` (413 beyond)."""
     _check_declared_length(request, max_bytes, max_bytes)
     body = bytearray()
     async for chunk in _limited_stream(request, max_bytes, max_bytes, reserve):

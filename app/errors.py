@@ -51,6 +51,10 @@ class PayloadTooLargeError(ServiceError):
     status, code, outcome = 413, "too_large", "invalid"
 
 
+class NotFoundError(ServiceError):
+    status, code, outcome = 404, "not_found", "invalid"
+
+
 class UnsupportedMediaTypeError(ServiceError):
     status, code, outcome = 415, "unsupported_media_type", "invalid"
 
@@ -102,9 +106,25 @@ def describe(exc: BaseException) -> ErrorInfo:
     return ErrorInfo(500, "internal_error", "internal server error", "error", {})
 
 
-def error_response(info: ErrorInfo, headers: dict[str, str] | None = None) -> Response:
-    body = {"error": {"code": info.code, "message": info.message}}
+PROTOCOL_PREFIX = "/v2"
+
+
+def error_response(
+    info: ErrorInfo, headers: dict[str, str] | None = None, *, protocol: bool = False
+) -> Response:
+    """``{"error": {"code", "message"}}``; with ``protocol``, the Open Inference Protocol's
+    ``{"error": "message"}``."""
+    body: dict[str, Any] = (
+        {"error": info.message}
+        if protocol
+        else {"error": {"code": info.code, "message": info.message}}
+    )
     return json_response(body, status_code=info.status, headers={**info.headers, **(headers or {})})
+
+
+def speaks_protocol(request: Request) -> bool:
+    path: str = request.scope.get("path", "")
+    return path == PROTOCOL_PREFIX or path.startswith(PROTOCOL_PREFIX + "/")
 
 
 def mark_outcome(scope: MutableMapping[str, Any], outcome: str) -> None:
@@ -120,7 +140,7 @@ def answer_error(
     if info.code == "internal_error":
         log_unexpected(exc, request_id_of(request.scope))
     mark_outcome(request.scope, info.outcome)
-    return error_response(info, headers)
+    return error_response(info, headers, protocol=speaks_protocol(request))
 
 
 def log_unexpected(exc: BaseException, request_id: str | None) -> None:
@@ -152,7 +172,8 @@ def install_error_handlers(app: FastAPI) -> None:
             problems.append(f"{where}: {error.get('msg', 'invalid')}")
         message = "; ".join(problems) or "invalid parameters"
         mark_outcome(request.scope, "invalid")
-        return error_response(ErrorInfo(422, "invalid_parameter", message, "invalid", {}))
+        info = ErrorInfo(422, "invalid_parameter", message, "invalid", {})
+        return error_response(info, protocol=speaks_protocol(request))
 
     async def http_error(request: Request, exc: Exception) -> Response:
         assert isinstance(exc, StarletteHTTPException)
@@ -160,7 +181,8 @@ def install_error_handlers(app: FastAPI) -> None:
         detail = exc.detail if isinstance(exc.detail, str) else "request failed"
         headers = dict(exc.headers or {})
         mark_outcome(request.scope, "invalid")
-        return error_response(ErrorInfo(exc.status_code, code, detail, "invalid", headers))
+        info = ErrorInfo(exc.status_code, code, detail, "invalid", headers)
+        return error_response(info, protocol=speaks_protocol(request))
 
     async def unexpected(request: Request, exc: Exception) -> Response:
         return answer_error(request, exc)

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import re
 from collections.abc import AsyncIterator
 from concurrent.futures import ThreadPoolExecutor
 from contextlib import asynccontextmanager
@@ -21,14 +22,23 @@ from app.logs import configure_logging
 from app.metrics import Metrics
 from app.outcomes import OutcomeMiddleware
 from app.requestid import RequestIdMiddleware
-from app.routes import health, metrics, models, predict
+from app.routes import health, metrics, models, predict, v2
 from app.settings import Settings, SettingsError, load_settings
 from app.state import ServerState, Serving
 from batching import DynamicBatcher, ExecutionTimeModel
 
 logger = logging.getLogger("batchserve")
 
-PREDICTION_PATHS = frozenset({"/predict"})
+_V2_INFER = re.compile(r"/v2/models/[^/]+(/versions/[^/]+)?/infer")
+
+
+def prediction_route(path: str) -> str | None:
+    """The name of a prediction route, for ``batchserve_requests_total{route}``."""
+    if path == "/predict":
+        return "predict"
+    if _V2_INFER.fullmatch(path):
+        return "v2_infer"
+    return None
 
 
 def create_app(settings: Settings | None = None) -> FastAPI:
@@ -54,18 +64,24 @@ def create_app(settings: Settings | None = None) -> FastAPI:
     protected = [Depends(require_api_key)]
     app.include_router(predict.router, dependencies=protected)
     app.include_router(models.router, dependencies=protected)
+    app.include_router(v2.router, dependencies=protected)
     app.include_router(metrics.router, dependencies=protected if settings.protect_metrics else [])
     app.include_router(health.router)
+    app.include_router(v2.health)
     Instrumentator(
         registry=server.metrics.registry,
-        excluded_handlers=["/metrics", "/healthz", "/readyz"],
+        excluded_handlers=[
+            "/metrics",
+            "/healthz",
+            "/readyz",
+            "/v2/health/live",
+            "/v2/health/ready",
+        ],
     ).instrument(app)
     app.add_middleware(RequestIdMiddleware)  # ids and start times for everything below
     app.add_middleware(HeaderLimitMiddleware, max_bytes=settings.max_header_bytes)
     app.add_middleware(
-        OutcomeMiddleware,
-        counted=PREDICTION_PATHS.__contains__,
-        count=server.metrics.count_request,
+        OutcomeMiddleware, route_of=prediction_route, count=server.metrics.count_request
     )
     return app
 

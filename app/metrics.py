@@ -26,6 +26,7 @@ OUTCOMES = (
     "cancelled",
     "error",
 )
+ROUTES = ("predict", "v2_infer")
 # Per request: parse, decode (on the CPU, with resize and crop), serialize.
 REQUEST_STAGES = ("parse", "decode", "serialize")
 # Per batch: device_decode (JPEGs decoded on the device), h2d, collate, forward, postprocess,
@@ -81,8 +82,8 @@ class Metrics(BatchObserver, EngineObserver):
         )
         self.requests = Counter(
             "batchserve_requests",
-            "Every answer of the prediction routes, by outcome",
-            ["outcome"],
+            "Every answer of the prediction routes, by route and outcome",
+            ["route", "outcome"],
             registry=r,
         )
         self.rejected = Counter(
@@ -132,12 +133,14 @@ class Metrics(BatchObserver, EngineObserver):
         self.state = Gauge(
             "batchserve_state", "1 for the server's current lifecycle phase", ["state"], registry=r
         )
-        for outcome in OUTCOMES:
-            self.requests.labels(outcome)
+        self._request_children = {
+            (route, outcome): self.requests.labels(route, outcome)
+            for route in ROUTES
+            for outcome in OUTCOMES
+        }
         for result in ("ok", "error"):
             self.batches.labels(result)
         self._stage_children = {stage: self.stage.labels(stage) for stage in STAGES}
-        self._request_children = {outcome: self.requests.labels(outcome) for outcome in OUTCOMES}
         self._state_children = {phase: self.state.labels(phase.value) for phase in Phase}
 
     def track(
@@ -182,8 +185,8 @@ class Metrics(BatchObserver, EngineObserver):
     def observe_stage(self, stage: str, seconds: float) -> None:
         self._stage_children[stage].observe(seconds)
 
-    def count_request(self, outcome: str) -> None:
-        self._request_children[outcome].inc()
+    def count_request(self, route: str, outcome: str) -> None:
+        self._request_children[route, outcome].inc()
 
     # -- EngineObserver ------------------------------------------------------------------
 

@@ -28,17 +28,22 @@ def outcome_of(status: int | None, marked: object) -> str:
 
 
 class OutcomeMiddleware:
-    """Calls ``count(outcome)`` once for every request whose path ``counted`` accepts."""
+    """Calls ``count(route, outcome)`` once for every request whose path ``route_of`` names
+    (None: not a prediction route, not counted)."""
 
     def __init__(
-        self, app: ASGIApp, counted: Callable[[str], bool], count: Callable[[str], None]
+        self,
+        app: ASGIApp,
+        route_of: Callable[[str], str | None],
+        count: Callable[[str, str], None],
     ) -> None:
         self.app = app
-        self.counted = counted
+        self.route_of = route_of
         self.count = count
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
-        if scope["type"] != "http" or not self.counted(scope["path"]):
+        route = self.route_of(scope["path"]) if scope["type"] == "http" else None
+        if route is None:
             await self.app(scope, receive, send)
             return
         status: int | None = None
@@ -52,9 +57,9 @@ class OutcomeMiddleware:
         try:
             await self.app(scope, receive, send_and_watch)
         except asyncio.CancelledError:
-            self.count("cancelled")
+            self.count(route, "cancelled")
             raise
         except BaseException:
-            self.count("error")  # answered 500 by the server error handler outside us
+            self.count(route, "error")  # answered 500 by the server error handler outside us
             raise
-        self.count(outcome_of(status, (scope.get("state") or {}).get("outcome")))
+        self.count(route, outcome_of(status, (scope.get("state") or {}).get("outcome")))

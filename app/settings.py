@@ -55,6 +55,8 @@ class Settings(BaseSettings):
     max_inflight_batches: int | None = Field(None, ge=1, le=16)
     latency_slo_ms: float | None = Field(None, gt=0)
     dispatch_when_idle: bool = True
+    priority_levels: int = Field(3, ge=1, le=16)
+    default_priority: int = Field(2, ge=1, le=16)
     request_timeout_ms: float = Field(30_000, gt=0)
     drain_timeout_s: float = Field(30.0, ge=0)
 
@@ -68,6 +70,7 @@ class Settings(BaseSettings):
     torch_threads: int | None = Field(None, ge=1, le=1024)
 
     # Operations
+    model_name: str | None = Field(None, pattern=r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,127}$")
     api_key: SecretStr | None = None
     protect_metrics: bool = False
     log_level: LogLevel = "info"
@@ -123,6 +126,11 @@ class Settings(BaseSettings):
                 "PRECISION=int8 is served by BACKEND=onnxruntime or BACKEND=openvino, from a "
                 "quantized artefact that passed its accuracy gate"
             )
+        if self.default_priority > self.priority_levels:
+            raise ValueError(
+                f"DEFAULT_PRIORITY ({self.default_priority}) cannot exceed PRIORITY_LEVELS "
+                f"({self.priority_levels})"
+            )
         if self.max_queue_bytes < self.max_image_bytes:
             raise ValueError(
                 f"MAX_QUEUE_BYTES ({self.max_queue_bytes}) must be at least MAX_IMAGE_BYTES "
@@ -177,6 +185,8 @@ class Settings(BaseSettings):
             max_inflight_batches=inflight,
             latency_slo_s=None if self.latency_slo_ms is None else self.latency_slo_ms / 1000,
             dispatch_when_idle=self.dispatch_when_idle,
+            priority_levels=self.priority_levels,
+            default_priority=self.default_priority - 1,
         )
 
 

@@ -30,7 +30,7 @@ _NEVER = math.inf
 
 
 class _Request(Generic[T, R]):
-    __slots__ = ("arrival", "cost", "deadline", "future", "item", "queued")
+    __slots__ = ("arrival", "cost", "deadline", "future", "item", "priority", "queued")
 
     def __init__(
         self,
@@ -39,12 +39,14 @@ class _Request(Generic[T, R]):
         arrival: float,
         deadline: float | None,
         cost: int,
+        priority: int,
     ) -> None:
         self.item = item
         self.future = future
         self.arrival = arrival
         self.deadline = deadline
         self.cost = cost
+        self.priority = priority
         self.queued = True
 
 
@@ -123,7 +125,10 @@ class DynamicBatcher(Generic[T, R]):
         self._observer: BatchObserver = _GuardedObserver(observer or BatchObserver())
         self._on_failure = on_failure
         self._clock = clock or LoopClock()
-        self._queue: deque[_Request[T, R]] = deque()
+        # One FIFO per priority level, level 0 first.
+        self._queues: list[deque[_Request[T, R]]] = [
+            deque() for _ in range(self.config.priority_levels)
+        ]
         self._waiting = 0  # live requests in the queue (cancelled ones are removed lazily)
         self._waiting_cost = 0
         self._inflight = 0
@@ -231,16 +236,33 @@ class DynamicBatcher(Generic[T, R]):
 
     # -- submitting ----------------------------------------------------------------------
 
-    async def submit(self, item: T, deadline: float | None = None, *, cost: int = 0) -> R:
+    async def submit(
+        self, item: T, deadline: float | None = None, *, cost: int = 0, priority: int | None = None
+    ) -> R:
         """Queue ``item`` and wait for its result.
 
         ``deadline`` is absolute, on ``now()``'s clock. ``cost`` is what the request holds while
         it waits (bytes, say), summed in ``queued_cost`` until it is dispatched or dropped.
+        ``priority`` is its level (0 first; ``config.default_priority`` when None); a level out
+        of range raises ``ValueError``.
         Raises ``QueueFullError`` at once when the queue is full, ``DeadlineExceededError`` when
         the deadline passes first, ``BatcherClosedError`` when draining or closed, or what
         ``run_batch`` gave this item. Cancelling the caller removes a queued request before
         dispatch.
         """
+        return await self.enqueue(item, deadline, cost=cost, priority=priority)
+
+    def enqueue(
+        self, item: T, deadline: float | None = None, *, cost: int = 0, priority: int | None = None
+    ) -> asyncio.Future[R]:
+        """``submit`` without waiting: the request is in the queue when this returns (or it
+        raised at once), and the future gives its outcome. Cancelling the future removes the
+        request if it is still queued."""
+        level = self.config.default_priority if priority is None else priority
+        if not 0 <= level < self.config.priority_levels:
+            raise ValueError(
+                f"priority must be between 0 and {self.config.priority_levels - 1}, not {level}"
+            )
         if not self.accepting:
             self._observer.on_reject("closed")
             raise BatcherClosedError(self._closed_reason())
@@ -253,21 +275,22 @@ class DynamicBatcher(Generic[T, R]):
             raise DeadlineExceededError(dispatched=False)
 
         future: asyncio.Future[R] = asyncio.get_running_loop().create_future()
-        request = _Request(item, future, now, deadline, cost)
+        request = _Request(item, future, now, deadline, cost, level)
+        future.add_done_callback(lambda _: self._withdraw(request))
         if deadline is not None:
             self._watch_deadline(request, deadline)
-        self._queue.append(request)
+        self._queues[level].append(request)
         self._waiting += 1
         self._waiting_cost += cost
         if self._waiting >= self._wake_count:
             self._wake.set()
-        try:
-            return await future
-        except asyncio.CancelledError:
-            if request.queued:
-                self._dequeue(request)
-                self._observer.on_drop("cancelled", self._clock.now() - request.arrival)
-            raise
+        return future
+
+    def _withdraw(self, request: _Request[T, R]) -> None:
+        """A request's future is done: if it is still queued, it was cancelled there."""
+        if request.queued:
+            self._dequeue(request)
+            self._observer.on_drop("cancelled", self._clock.now() - request.arrival)
 
     def _closed_reason(self) -> str:
         if self._failure is not None:
@@ -325,11 +348,12 @@ class DynamicBatcher(Generic[T, R]):
             self._observer.on_drop("deadline_exceeded", self._clock.now() - request.arrival)
 
     def _fail_queued(self, error: BaseException) -> None:
-        while self._queue:
-            request = self._queue.popleft()
-            if request.queued:
-                self._dequeue(request)
-                self._settle(request, error)
+        for queue in self._queues:
+            while queue:
+                request = queue.popleft()
+                if request.queued:
+                    self._dequeue(request)
+                    self._settle(request, error)
 
     # -- the batching loop ---------------------------------------------------------------
 
@@ -382,10 +406,16 @@ class DynamicBatcher(Generic[T, R]):
                 raise
 
     def _head(self) -> _Request[T, R] | None:
-        queue = self._queue
-        while queue and not queue[0].queued:
-            queue.popleft()
-        return queue[0] if queue else None
+        """The longest-waiting live request of any level: the one whose window runs."""
+        oldest: _Request[T, R] | None = None
+        for queue in self._queues:
+            while queue and not queue[0].queued:
+                queue.popleft()
+            while queue and queue[0].future.done():  # cancelled, its callback still to come
+                self._withdraw(queue.popleft())
+            if queue and (oldest is None or queue[0].arrival < oldest.arrival):
+                oldest = queue[0]
+        return oldest
 
     async def _sleep(self, wake_at: float | None, wake_count: float) -> None:
         self._wake.clear()
@@ -399,17 +429,20 @@ class DynamicBatcher(Generic[T, R]):
                 timer.cancel()
 
     def _take(self, batch: list[_Request[T, R]], size: int, now: float) -> None:
-        """Move up to ``size`` live requests from the queue into ``batch``."""
-        queue = self._queue
-        while queue and len(batch) < size:
-            request = queue.popleft()
-            if not request.queued:
-                continue
-            if request.deadline is not None and request.deadline <= now:
-                self._expire(request)  # its timer has not fired yet; same outcome
-                continue
-            batch.append(request)
-            self._dequeue(request)
+        """Move up to ``size`` live requests into ``batch``, level 0 first, FIFO within one."""
+        for queue in self._queues:
+            while queue and len(batch) < size:
+                request = queue.popleft()
+                if not request.queued:
+                    continue
+                if request.future.done():  # cancelled, its callback still to come
+                    self._withdraw(request)
+                    continue
+                if request.deadline is not None and request.deadline <= now:
+                    self._expire(request)  # its timer has not fired yet; same outcome
+                    continue
+                batch.append(request)
+                self._dequeue(request)
 
     def _launch(self, batch: list[_Request[T, R]], now: float) -> None:
         task = asyncio.get_running_loop().create_task(self._execute(batch))

@@ -16,6 +16,10 @@ class BatchConfig:
     latency (queue wait plus the learned execution time) exceed it.
     ``dispatch_when_idle`` sends a request at once when no batch is in flight: an idle device
     gains nothing from waiting, so a lone request never pays the window.
+    ``priority_levels``: requests carry a level from 0 (served first) to ``priority_levels - 1``
+    (``default_priority`` when they say nothing); a batch is filled from level 0 down, first
+    come first served within a level. There is no starvation guard: under sustained overload
+    of a higher level, lower levels wait (and meet their deadlines).
     """
 
     max_batch_size: int = 32
@@ -25,6 +29,8 @@ class BatchConfig:
     max_inflight_batches: int = 2
     latency_slo_s: float | None = None
     dispatch_when_idle: bool = True
+    priority_levels: int = 1
+    default_priority: int = 0
 
     def __post_init__(self) -> None:
         if self.max_batch_size < 1:
@@ -37,6 +43,13 @@ class BatchConfig:
             raise ValueError("max_inflight_batches must be >= 1")
         if self.latency_slo_s is not None and self.latency_slo_s <= 0:
             raise ValueError("latency_slo_s must be > 0")
+        if self.priority_levels < 1:
+            raise ValueError("priority_levels must be >= 1")
+        if not 0 <= self.default_priority < self.priority_levels:
+            raise ValueError(
+                f"default_priority must be between 0 and priority_levels - 1 "
+                f"({self.priority_levels - 1})"
+            )
         sizes = tuple(sorted(set(self.preferred_batch_sizes)))
         for size in sizes:
             if not 1 <= size <= self.max_batch_size:

@@ -42,17 +42,25 @@ DEFAULT_CONFIGS = [
 ]
 
 
+# Settings that benchmarks.offline takes as its own arguments.
+_OWN = {"MODEL", "PRECISION", "MAX_BATCH_SIZE", "WEIGHTS", "LOG_LEVEL"}
+
+
 def offline(
     model: str, batch_size: int, seconds: float, settings: dict[str, str]
 ) -> dict[str, Any]:
+    extra = {key.removeprefix("BATCHSERVE_").lower(): value for key, value in settings.items()
+             if key.removeprefix("BATCHSERVE_") not in _OWN}  # fmt: skip
     command = [
         sys.executable, "-m", "benchmarks.offline", "--model", model,
         "--precision", settings.get("BATCHSERVE_PRECISION", "fp32"),
         "--batch-sizes", str(batch_size), "--seconds", str(seconds), "--runs", "1", "--json",
-        "--set", *(f"{key.removeprefix('BATCHSERVE_').lower()}={value}"
-                   for key, value in settings.items() if key != "BATCHSERVE_PRECISION"),
+        "--set", *(f"{key}={value}" for key, value in extra.items()),
     ]  # fmt: skip
-    output = subprocess.run(command, capture_output=True, text=True, check=True).stdout
+    result = subprocess.run(command, capture_output=True, text=True)
+    if result.returncode != 0:
+        raise RuntimeError(f"benchmarks.offline failed:\n{result.stderr[-3000:]}")
+    output = result.stdout
     (row,) = json.loads(output.strip().splitlines()[-1])
     return {"forward": row["forward"], "pipelined": row["pipelined"]}
 

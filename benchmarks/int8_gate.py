@@ -26,8 +26,10 @@ from app.settings import Settings
 from benchmarks.common import machine, machine_markdown, table, write_results
 from tests.real_model import FACTORY, photos, write_labels
 
-MEASURES = ("top1_agreement", "top5_overlap", "max_probability_difference", "gate_images",
-            "calibration_images", "passed")  # fmt: skip
+MEASURES = (
+    "top1_agreement", "confident_images", "confident_top1_agreement", "top5_overlap",
+    "max_probability_difference", "gate_images", "calibration_images", "passed",
+)  # fmt: skip
 
 
 def run(folder: Path) -> dict[str, Any]:
@@ -73,7 +75,8 @@ def markdown(data: dict[str, Any]) -> str:
 (ONNX Runtime static quantisation, QDQ, per-channel INT8 weights, UINT8 activations, MinMax
 calibration on the photos and crops of them through the server's preprocessing; OpenVINO runs
 the same QDQ model converted to IR), judged against eager fp32 PyTorch on the photos and five
-variants of each (a crop, a mirror image, brighter, duller, a harsh JPEG). Bounds: {bounds}.
+variants of each (a crop, a mirror image, brighter, duller, a harsh JPEG); "confident" images
+are those where fp32 gives its top class a probability of at least 0.5. Bounds: {bounds}.
 
 {table(["measure", *reports], rows)}
 

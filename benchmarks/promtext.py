@@ -71,9 +71,16 @@ class ServerDelta:
             "mean_stage_ms": {stage: seconds * 1000 for stage, seconds in stages.items()},
             "device_busy_ratio": busy / self.seconds if self.seconds else 0.0,
             "batch_size_histogram": histogram,  # batches per bucket (upper bound)
-            "outcomes": {
-                dict(labels)["outcome"]: self.delta(name, **dict(labels))
-                for (name, labels) in self.after
-                if name == "batchserve_requests_total" and self.delta(name, **dict(labels))
-            },
+            "outcomes": self.outcomes(),
         }
+
+    def outcomes(self) -> dict[str, float]:
+        """Answers of every prediction route in the interval, by outcome."""
+        totals: dict[str, float] = {}
+        for name, labels in self.after:
+            if name == "batchserve_requests_total":
+                outcome = dict(labels)["outcome"]
+                count = self.delta(name, **dict(labels))
+                if count:
+                    totals[outcome] = totals.get(outcome, 0.0) + count
+        return totals

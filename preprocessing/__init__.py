@@ -17,7 +17,7 @@ from preprocessing.formats import (
     read_header,
     sniff,
 )
-from preprocessing.prepare import PreparedImage, prepare
+from preprocessing.prepare import PreparedImage, prepare, prepare_normalized, prepare_pixels
 from preprocessing.transforms import TransformConfig, normalize_into, resize_crop
 
 __all__ = [
@@ -34,6 +34,8 @@ __all__ = [
     "decode_cpu",
     "normalize_into",
     "prepare",
+    "prepare_normalized",
+    "prepare_pixels",
     "read_header",
     "resize_crop",
     "sniff",

@@ -23,6 +23,7 @@ class ImageFormat(enum.StrEnum):
     WEBP = "webp"
     GIF = "gif"
     BMP = "bmp"
+    RAW = "raw"  # pixels sent already decoded (a tensor), never sniffed from bytes
 
 
 # Formats we recognise but do not serve: a clear 415 rather than "not an image".

@@ -14,16 +14,18 @@ from preprocessing.transforms import TransformConfig, resize_crop
 
 @dataclass(slots=True)
 class PreparedImage:
-    """An image ready to be batched.
+    """An image ready to be batched, in one of three forms:
 
-    ``pixels`` is the ``uint8[3, crop, crop]`` crop when it was decoded on the CPU; otherwise
-    ``data`` holds the encoded bytes for a device decoder (JPEG on a GPU).
+    - ``pixels``: the ``uint8[3, crop, crop]`` crop, decoded on the CPU (or sent decoded);
+    - ``data``: the encoded bytes, for a device decoder (JPEG on a GPU);
+    - ``normalized``: the model's ``float32[3, crop, crop]`` input, sent ready by a client.
     """
 
     header: ImageHeader
     pixels: torch.Tensor | None = None
     data: Buffer | None = None
     decode_s: float = 0.0
+    normalized: torch.Tensor | None = None
 
 
 def prepare(
@@ -41,3 +43,22 @@ def prepare(
         return PreparedImage(header, data=data, decode_s=time.perf_counter() - started)
     pixels = resize_crop(decode_cpu(data, header), transform)
     return PreparedImage(header, pixels=pixels, decode_s=time.perf_counter() - started)
+
+
+def prepare_pixels(
+    pixels: torch.Tensor, transform: TransformConfig, limits: ImageLimits | None = None
+) -> PreparedImage:
+    """An image sent already decoded, ``uint8[3, H, W]``: checked against the same limits as
+    an encoded one, then resized and cropped."""
+    started = time.perf_counter()
+    height, width = int(pixels.shape[-2]), int(pixels.shape[-1])
+    (limits or ImageLimits()).check(width, height)
+    crop = resize_crop(pixels.contiguous(), transform)
+    header = ImageHeader(ImageFormat.RAW, width, height)
+    return PreparedImage(header, pixels=crop, decode_s=time.perf_counter() - started)
+
+
+def prepare_normalized(tensor: torch.Tensor) -> PreparedImage:
+    """The model's input for one image, ``float32[3, crop, crop]``, sent ready."""
+    header = ImageHeader(ImageFormat.RAW, int(tensor.shape[-1]), int(tensor.shape[-2]))
+    return PreparedImage(header, normalized=tensor)

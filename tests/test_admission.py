@@ -110,7 +110,7 @@ async def test_queued_bytes_are_bounded_while_bodies_are_read() -> None:
         assert (await client.post("/predict", files=files)).status_code == 200
         text = (await client.get("/metrics")).text
     assert metric(text, "batchserve_admitted_bytes") == 0
-    assert metric(text, 'batchserve_requests_total{outcome="overloaded"}') == 3
+    assert metric(text, 'batchserve_requests_total{outcome="overloaded",route="predict"}') == 3
     assert metric(text, 'batchserve_rejected_requests_total{reason="overloaded"}') == 3
 
 

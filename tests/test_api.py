@@ -126,8 +126,8 @@ async def test_metrics_exposes_the_documented_names(client: httpx.AsyncClient) -
         "process_resident_memory_bytes",
     ):
         assert name in text, name
-    assert metric(text, 'batchserve_requests_total{outcome="ok"}') == 1
-    assert metric(text, 'batchserve_requests_total{outcome="invalid"}') == 1
+    assert metric(text, 'batchserve_requests_total{outcome="ok",route="predict"}') == 1
+    assert metric(text, 'batchserve_requests_total{outcome="invalid",route="predict"}') == 1
     assert metric(text, "batchserve_device_busy_seconds_total") > 0
 
 
@@ -267,7 +267,7 @@ async def test_model_failure_is_a_500_for_that_batch_only(
         ok = await client.post("/predict", content=images.jpeg(), headers=JPEG)
         assert ok.status_code == 200
         text = (await client.get("/metrics")).text
-        assert metric(text, 'batchserve_requests_total{outcome="error"}') == 1
+        assert metric(text, 'batchserve_requests_total{outcome="error",route="predict"}') == 1
 
 
 async def test_full_queue_answers_503_with_retry_after(slow_model: type[Slow]) -> None:
@@ -291,7 +291,7 @@ async def test_full_queue_answers_503_with_retry_after(slow_model: type[Slow]) -
                 assert_error(response, 503, "overloaded")
                 assert int(response.headers["retry-after"]) >= 1
         text = (await client.get("/metrics")).text
-        assert metric(text, 'batchserve_requests_total{outcome="overloaded"}') >= 1
+        assert metric(text, 'batchserve_requests_total{outcome="overloaded",route="predict"}') >= 1
 
 
 async def test_request_deadline_is_a_504(slow_model: type[Slow]) -> None:
@@ -303,7 +303,10 @@ async def test_request_deadline_is_a_504(slow_model: type[Slow]) -> None:
         assert_error(response, 504, "deadline_exceeded")
         slow_model.seconds = 0.0
         text = (await client.get("/metrics")).text
-        assert metric(text, 'batchserve_requests_total{outcome="deadline_exceeded"}') == 1
+        assert (
+            metric(text, 'batchserve_requests_total{outcome="deadline_exceeded",route="predict"}')
+            == 1
+        )
 
 
 async def test_api_key() -> None:
@@ -384,7 +387,7 @@ async def test_every_answer_of_predict_is_counted_once() -> None:
         await client.get("/healthz")  # not a prediction: not counted
         text = (await client.get("/metrics", headers=auth)).text
     counts = {
-        outcome: metric(text, f'batchserve_requests_total{{outcome="{outcome}"}}')
+        outcome: metric(text, f'batchserve_requests_total{{outcome="{outcome}",route="predict"}}')
         for outcome in ("ok", "unauthorized", "invalid", "error", "cancelled", "not_ready")
     }
     assert counts == {

@@ -381,3 +381,40 @@ async def test_a_crashed_loop_fails_waiting_requests_and_stops_accepting() -> No
     with pytest.raises(BatcherClosedError):
         await batcher.submit(2)
     await batcher.aclose()
+
+
+# -- priorities ----------------------------------------------------------------------------
+
+
+async def test_batches_are_filled_from_the_highest_priority_down() -> None:
+    clock = ManualClock()
+    run = GatedRun()
+    batcher, _ = make(
+        run, clock, max_batch_size=2, max_inflight_batches=1, priority_levels=3,
+        default_priority=1, dispatch_when_idle=True, max_queue_delay_s=1.0,
+    )  # fmt: skip
+    first = asyncio.ensure_future(batcher.submit(0))
+    await run.wait_started(1)
+    low = [asyncio.ensure_future(batcher.submit(item, priority=2)) for item in (1, 2)]
+    normal = asyncio.ensure_future(batcher.submit(3))  # the default level
+    high = [asyncio.ensure_future(batcher.submit(item, priority=0)) for item in (4, 5, 6)]
+    await settle()
+    for index in range(3):
+        run.release(index)
+        await run.wait_started(index + 2)
+    run.release()
+    # Level 0 first (first come, first served), then level 1, then level 2; the clock never
+    # moved: each batch left when the device was free.
+    assert run.batches == [[0], [4, 5], [6, 3], [1, 2]]
+    assert await first == 0
+    assert [await task for task in [*high, normal, *low]] == [40, 50, 60, 30, 10, 20]
+    with pytest.raises(ValueError, match="priority must be between 0 and 2"):
+        await batcher.submit(7, priority=3)
+    await batcher.aclose()
+
+
+def test_priority_config_is_validated() -> None:
+    with pytest.raises(ValueError, match="priority_levels"):
+        BatchConfig(priority_levels=0)
+    with pytest.raises(ValueError, match="default_priority"):
+        BatchConfig(priority_levels=2, default_priority=2)

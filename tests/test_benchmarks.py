@@ -55,13 +55,13 @@ def test_server_delta_from_two_scrapes() -> None:
         "batchserve_batch_size_count 2\nbatchserve_batch_size_sum 6\n"
         'batchserve_batch_size_bucket{le="4.0"} 1\nbatchserve_batch_size_bucket{le="8.0"} 2\n'
         "batchserve_device_busy_seconds_total 1\n"
-        'batchserve_requests_total{outcome="ok"} 6\n'
+        'batchserve_requests_total{outcome="ok",route="predict"} 6\n'
     )
     after = parse(
         "batchserve_batch_size_count 6\nbatchserve_batch_size_sum 30\n"
         'batchserve_batch_size_bucket{le="4.0"} 2\nbatchserve_batch_size_bucket{le="8.0"} 6\n'
         "batchserve_device_busy_seconds_total 3\n"
-        'batchserve_requests_total{outcome="ok"} 30\n'
+        'batchserve_requests_total{outcome="ok",route="predict"} 30\n'
         'batchserve_stage_seconds_count{stage="forward"} 4\n'
         'batchserve_stage_seconds_sum{stage="forward"} 0.2\n'
     )

@@ -158,7 +158,12 @@ def test_clients_that_hang_up_are_dropped_before_any_work() -> None:
             return reply.status_code
 
         assert asyncio.run(scenario()) == 200
-        wait_for(lambda: scrape(server, 'batchserve_requests_total{outcome="cancelled"}') == 2)
+        wait_for(
+            lambda: (
+                scrape(server, 'batchserve_requests_total{outcome="cancelled",route="predict"}')
+                == 2
+            )
+        )
         assert scrape(server, 'batchserve_dropped_requests_total{reason="cancelled"}') == 2
         time.sleep(0.6)  # had they been dispatched, their batches would have finished by now
         assert scrape(server, 'batchserve_batches_total{result="ok"}') == 1
@@ -209,8 +214,13 @@ def test_a_client_that_hangs_up_mid_upload_leaves_nothing_behind() -> None:
         sock = raw_request(server.url, head, body[: len(body) // 3])
         time.sleep(0.2)
         sock.close()
-        wait_for(lambda: scrape(server, 'batchserve_requests_total{outcome="cancelled"}') == 1)
-        assert scrape(server, 'batchserve_requests_total{outcome="error"}') == 0
+        wait_for(
+            lambda: (
+                scrape(server, 'batchserve_requests_total{outcome="cancelled",route="predict"}')
+                == 1
+            )
+        )
+        assert scrape(server, 'batchserve_requests_total{outcome="error",route="predict"}') == 0
         assert scrape(server, "batchserve_queue_depth") == 0
         ok = httpx.post(f"{server.url}/predict", content=images.jpeg(), headers=JPEG)
         assert ok.status_code == 200

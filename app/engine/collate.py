@@ -58,10 +58,13 @@ class Collator:
         errors: dict[int, BaseException] = {}
         on_device: dict[int, torch.Tensor] = {}
         on_host: dict[int, torch.Tensor] = {}
+        normalized: dict[int, torch.Tensor] = {}
         encoded: list[tuple[int, Buffer, ImageHeader]] = []
         for index, image in enumerate(images):
             if image.pixels is not None and tuple(image.pixels.shape) == self.input_shape:
                 on_host[index] = image.pixels
+            elif image.normalized is not None and tuple(image.normalized.shape) == self.input_shape:
+                normalized[index] = image.normalized
             elif image.pixels is None and image.data is not None:
                 encoded.append((index, image.data, image.header))
             else:
@@ -93,7 +96,14 @@ class Collator:
         marks["staged"] = self.streams.mark()
 
         rows = sorted(on_device)
-        if rows:
-            with record_function("batchserve.collate"):
+        with record_function("batchserve.collate"):
+            if rows:
                 normalize_into([on_device[index] for index in rows], slot.inputs, self.transform)
+            if normalized:
+                # Sent ready: copied as they are, in the rows after the ones just normalised.
+                ready = sorted(normalized)
+                block = torch.stack([normalized[index] for index in ready]).to(self.device)
+                slot.inputs[len(rows) : len(rows) + len(ready)].copy_(block)
+                slot.hold(block)
+                rows += ready
         return rows, errors

@@ -2,32 +2,26 @@
 
 from __future__ import annotations
 
-import asyncio
-import contextlib
 import math
 import time
 from typing import Annotated, Any
 
 import orjson
 from fastapi import APIRouter, Query, Request
-from starlette.requests import ClientDisconnect
 from starlette.responses import Response
-from starlette.types import Receive
 
-from app.admission import Ticket
-from app.body import declared_length, read_image
-from app.engine import InferenceRequest, Prediction
-from app.errors import InvalidParameterError, OverloadedError, answer_error, mark_outcome
+from app.body import read_image
+from app.engine import InferenceRequest
+from app.errors import InvalidParameterError, mark_outcome
+from app.inference import admit, call_for, decode, guarded, predict_all, read_within
 from app.requestid import request_start_of
 from app.schemas import ErrorBody, PredictResponse
-from app.state import ServerState, server_state
-from batching import DynamicBatcher
+from app.state import ServerState
 
 router = APIRouter()
 
 TIMEOUT_HEADER = "x-request-timeout-ms"
-# No status is ever delivered to a client that hung up; 499 is what nginx logs for it.
-CLIENT_CLOSED = 499
+PRIORITY_HEADER = "x-priority"
 
 _ERRORS: dict[int | str, dict[str, Any]] = {
     status: {"model": ErrorBody, "description": description}
@@ -36,15 +30,11 @@ _ERRORS: dict[int | str, dict[str, Any]] = {
         (401, "unauthorized: missing or wrong API key"),
         (413, "too_large: too many bytes or pixels"),
         (415, "unsupported_media_type: content type or image format not accepted"),
-        (422, "invalid_parameter: bad top_k, timeout header, or multipart without 'file'"),
+        (422, "invalid_parameter: bad top_k, timeout or priority header, multipart without 'file'"),
         (503, "overloaded (queue full in requests or bytes, with Retry-After) or not_ready"),
         (504, "deadline_exceeded: no result before the request's deadline"),
     )
 }
-
-
-class ClientDisconnected(Exception):
-    """The client hung up while its request was waiting."""
 
 
 @router.post(
@@ -76,61 +66,34 @@ async def predict(
 ) -> Response:
     """Send the image as the raw body (``Content-Type: image/*``) or as multipart field ``file``.
 
-    ``X-Request-Timeout-Ms`` sets this request's deadline (default: the server's).
+    ``X-Request-Timeout-Ms`` sets this request's deadline (default: the server's);
+    ``X-Priority`` its priority (1 first, up to ``PRIORITY_LEVELS``; 0: the default).
     """
-    server = server_state(request)
-    server.enter()
-    try:
-        return await _predict(server, request, top_k)
-    except (ClientDisconnected, ClientDisconnect):  # while waiting, or while uploading
-        mark_outcome(request.scope, "cancelled")
-        return Response(status_code=CLIENT_CLOSED)
-    except Exception as exc:
-        elapsed = time.perf_counter() - request_start_of(request.scope)
-        return answer_error(request, exc, {"Server-Timing": f"total;dur={elapsed * 1000:.3f}"})
-    finally:
-        server.leave()
+    return await guarded(request, lambda server: _predict(server, request, top_k))
 
 
 async def _predict(server: ServerState, request: Request, top_k: int | None) -> Response:
     serving = server.require_ready()
-    engine, batcher, metrics = serving.engine, serving.batcher, server.metrics
-    settings = server.settings
+    engine, metrics, settings = serving.engine, server.metrics, server.settings
     arrived = request_start_of(request.scope)
     k = settings.top_k if top_k is None else top_k
     if k > engine.num_classes:
         raise InvalidParameterError(f"top_k must be at most {engine.num_classes}")
-    timeout_s = _timeout(request, settings.request_timeout_s)
-    # The deadline counts from the request's arrival, on the batcher's clock.
-    deadline = batcher.now() + timeout_s - (time.perf_counter() - arrived)
+    call = call_for(request, serving, _timeout(request), _priority(request))
 
-    # Admitted before the body is read: refused at once when the queue is full in requests or
-    # in bytes (see app.admission), so memory stays bounded.
     parse_started = time.perf_counter()
+    ticket = admit(request, serving)
     try:
-        ticket = serving.admission.admit(declared_length(request))
-    except OverloadedError:
-        metrics.on_reject("overloaded")
-        raise
-    try:
-        try:
-            data = await read_image(request, settings.max_image_bytes, ticket.reserve)
-        except OverloadedError:  # the body outgrew what is left of MAX_QUEUE_BYTES
-            metrics.on_reject("overloaded")
-            raise
-        parsed = time.perf_counter()
-        image = await asyncio.get_running_loop().run_in_executor(
-            serving.decode_pool, engine.prepare, data
+        data = await read_within(
+            request, ticket, lambda reserve: read_image(request, settings.max_image_bytes, reserve)
         )
-        del data
-        # Still encoded (for the device decoder): the bytes stay counted until dispatch.
-        cost = len(image.data) if image.data is not None else 0
+        parsed = time.perf_counter()
         metrics.observe_stage("parse", parsed - parse_started)
-        if image.pixels is not None:  # decoded here; a device decode is timed per batch
-            metrics.observe_stage("decode", image.decode_s)
+        image = await decode(request, serving, data)
+        del data
         submitted = time.perf_counter()
-        prediction = await _submit(
-            batcher, InferenceRequest(image, k), deadline, cost, ticket, request.receive
+        (prediction,) = await predict_all(
+            request, serving, [InferenceRequest(image, k)], call, ticket
         )
     finally:
         ticket.close()
@@ -156,10 +119,10 @@ async def _predict(server: ServerState, request: Request, top_k: int | None) -> 
     return Response(body, media_type="application/json", headers=headers)
 
 
-def _timeout(request: Request, default_s: float) -> float:
+def _timeout(request: Request) -> float | None:
     raw = request.headers.get(TIMEOUT_HEADER)
     if raw is None:
-        return default_s
+        return None
     try:
         value = float(raw)
     except ValueError:
@@ -169,39 +132,11 @@ def _timeout(request: Request, default_s: float) -> float:
     return value / 1000
 
 
-async def _submit(
-    batcher: DynamicBatcher[InferenceRequest, Prediction],
-    item: InferenceRequest,
-    deadline: float,
-    cost: int,
-    ticket: Ticket,
-    receive: Receive,
-) -> Prediction:
-    """Wait for the result, or withdraw the request as soon as the client hangs up."""
-
-    async def enqueue() -> Prediction:
-        # The ticket hands its bytes to the batcher in one step (nothing is awaited between
-        # the two), so admission never sees them counted twice or not at all.
-        ticket.close()
-        return await batcher.submit(item, deadline, cost=cost)
-
-    submit = asyncio.ensure_future(enqueue())
-    disconnect = asyncio.ensure_future(_disconnected(receive))
+def _priority(request: Request) -> int | None:
+    raw = request.headers.get(PRIORITY_HEADER)
+    if raw is None:
+        return None
     try:
-        await asyncio.wait((submit, disconnect), return_when=asyncio.FIRST_COMPLETED)
-    except asyncio.CancelledError:
-        submit.cancel()
-        raise
-    finally:
-        disconnect.cancel()
-    if submit.done():
-        return submit.result()
-    submit.cancel()  # takes it out of the queue if it is still there
-    with contextlib.suppress(asyncio.CancelledError):
-        await submit
-    raise ClientDisconnected
-
-
-async def _disconnected(receive: Receive) -> None:
-    while (await receive())["type"] != "http.disconnect":
-        pass
+        return int(raw)
+    except ValueError:
+        raise InvalidParameterError("X-Priority must be an integer") from None

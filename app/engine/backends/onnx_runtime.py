@@ -1,10 +1,12 @@
 """ONNX Runtime: an exported ONNX model (fp32, or INT8 with QDQ nodes) in an InferenceSession.
 
-Tuned rather than default: every graph optimisation, intra-op threads from the server's thread
-budget (one inter-op thread: the engine runs one batch at a time), and I/O binding, so that
-the runtime reads the slot's input batch where it lies and writes the logits into a tensor of
-ours, with no copy on either side. On CUDA the TensorRT and CUDA execution providers come
-first (TensorRT with fp16 and an engine cache beside the artefact).
+Tuned rather than default: every graph optimisation (1.4x the basic level on resnet50 here,
+see ``benchmarks/results/runtime-options-resnet50.md``), intra-op threads from the server's
+thread budget (one inter-op thread: the engine runs one batch at a time), and no copies: on
+a CPU the slot's input batch goes in as a NumPy view of its memory and the logits come back as
+one (I/O binding measured no faster there), on CUDA I/O binding reads the slot's device batch
+and writes the logits into a device tensor of ours. On CUDA the TensorRT and CUDA execution
+providers come first (TensorRT with fp16 and an engine cache beside the artefact).
 """
 
 from __future__ import annotations
@@ -65,10 +67,12 @@ class OnnxRuntimeBackend(Backend):
 
     def forward(self, batch: torch.Tensor) -> torch.Tensor:
         batch = batch.contiguous()
-        if self.device.type == "cuda":
-            # ONNX Runtime runs on a stream of its own: let the inputs' copies end first (its
-            # Run returns once the logits are written).
-            torch.cuda.current_stream(self.device).synchronize()
+        if self.device.type != "cuda":
+            (logits,) = self.session.run([OUTPUT_NAME], {INPUT_NAME: batch.numpy()})
+            return torch.from_numpy(logits)
+        # ONNX Runtime runs on a stream of its own: let the inputs' copies end first (its Run
+        # returns once the logits are written).
+        torch.cuda.current_stream(self.device).synchronize()
         logits = torch.empty((batch.shape[0], self.classes), dtype=torch.float32,
                              device=self.device)  # fmt: skip
         binding = self.session.io_binding()

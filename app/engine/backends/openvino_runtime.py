@@ -3,9 +3,11 @@
 The performance hint follows ``MAX_INFLIGHT_BATCHES``: ``LATENCY`` (one stream using every
 thread) for one batch at a time; ``THROUGHPUT`` (several streams) when batches may overlap, and
 then each batch thread gets its own infer request and forward passes are not serialised, so
-that two batches really run at once. Requests run asynchronously (the thread waits without
-holding the GIL). The inference precision is pinned: OpenVINO would otherwise pick bf16 by
-itself on CPUs that have it.
+that two batches really run at once. Requests run with the synchronous ``infer`` (which
+releases the GIL): asynchronous requests measured 5-20% slower here, and the THROUGHPUT hint
+with two callers lower than LATENCY with one on two cores
+(``benchmarks/results/runtime-options-resnet50.md``). The inference precision is pinned:
+OpenVINO would otherwise pick bf16 by itself on CPUs that have it.
 """
 
 from __future__ import annotations
@@ -57,8 +59,7 @@ class OpenVinoBackend(Backend):
     def forward(self, batch: torch.Tensor) -> torch.Tensor:
         request = self._requests.get()
         try:
-            request.start_async({0: batch.contiguous().numpy()}, share_inputs=True)
-            request.wait()
+            request.infer({0: batch.contiguous().numpy()}, share_inputs=True)
             logits: np.ndarray[Any, Any] = request.get_output_tensor(0).data
             return torch.from_numpy(logits.copy())  # the request's buffer is reused
         finally:

@@ -1,0 +1,1 @@
+"""The Open Inference Protocol (KServe v2 / Triton REST): tensors in JSON and binary."""

@@ -1,0 +1,115 @@
+"""Priorities under overload: do high-priority requests keep a low latency while the server is
+saturated by low-priority ones?
+
+A real server (fresh per round) is offered ``--overload`` times its measured capacity, open
+loop (Poisson arrivals, latency from the scheduled send time): ``--high-share`` of the
+requests with ``X-Priority: 1``, the rest with ``X-Priority: 3``. The report gives p50/p99 of
+each class and the low/high p99 ratio, medians over rounds.
+
+Usage: ``python -m benchmarks.priorities --model resnet18 --rounds 2``
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+from pathlib import Path
+from typing import Any
+
+from benchmarks import wrk
+from benchmarks.common import machine, machine_markdown, median, table, write_results
+from benchmarks.compare import server_env
+from benchmarks.corpus import corpus
+from benchmarks.loadgen import LoadSpec, run_url
+from benchmarks.servers import UvicornProcess
+
+
+async def both(url: str, images: list[bytes], rate: float, share: float,
+               args: argparse.Namespace) -> dict[str, Any]:  # fmt: skip
+    def spec(level: int, rate: float) -> LoadSpec:
+        return LoadSpec(concurrency=None, rate=rate, warmup_s=args.warmup,
+                        duration_s=args.duration, timeout_s=120,
+                        headers={"x-priority": str(level)})  # fmt: skip
+
+    high, low = await asyncio.gather(
+        run_url(url, images, spec(1, rate * share), open_clients=64),
+        run_url(url, images, spec(3, rate * (1 - share)), open_clients=192),
+    )
+    return {"high": high, "low": low}
+
+
+def run(args: argparse.Namespace) -> dict[str, Any]:
+    images = corpus(args.images, 64)
+    env = server_env(args.model, args.precision, args.batch_size)
+    rounds = []
+    for round_index in range(args.rounds):
+        with UvicornProcess(env) as server:
+            capacity = wrk.run(server.url, images, 32, 2, 5)["throughput"]
+            offered = capacity * args.overload
+            print(f"round {round_index + 1}/{args.rounds}: capacity {capacity:.1f}/s, "
+                  f"offering {offered:.1f}/s", flush=True)  # fmt: skip
+            result = asyncio.run(both(server.url, images, offered, args.high_share, args))
+        row = {"capacity": capacity, "offered": offered}
+        for name, report in result.items():
+            row[name] = {"throughput": report["throughput"], **report["latency_ms"],
+                         "errors": report["errors"]}  # fmt: skip
+            print(f"  {name}: {report['throughput']:.1f}/s, p50 "
+                  f"{report['latency_ms']['p50']:.0f} ms, p99 {report['latency_ms']['p99']:.0f} "
+                  f"ms", flush=True)  # fmt: skip
+        rounds.append(row)
+    summary: dict[str, Any] = {
+        name: {key: median([row[name][key] for row in rounds])
+               for key in ("throughput", "p50", "p99")}
+        for name in ("high", "low")
+    }  # fmt: skip
+    summary["low_over_high_p99"] = summary["low"]["p99"] / summary["high"]["p99"]
+    return {"machine": machine(), "model": args.model, "precision": args.precision,
+            "batch_size": args.batch_size, "overload": args.overload,
+            "high_share": args.high_share, "duration_s": args.duration, "rounds": rounds,
+            "capacity": median([row["capacity"] for row in rounds]),
+            "summary": summary}  # fmt: skip
+
+
+def markdown(data: dict[str, Any]) -> str:
+    summary = data["summary"]
+    rows = [[name, summary[name]["throughput"], summary[name]["p50"], summary[name]["p99"]]
+            for name in ("high", "low")]  # fmt: skip
+    return f"""# Priorities under overload: {data["model"]} {data["precision"]}
+
+`python -m benchmarks.priorities`: a server of measured capacity {data["capacity"]:.1f}
+images/s offered {data["overload"]:g}x that, open loop, for {data["duration_s"]} s;
+{data["high_share"]:.0%} of the requests with `X-Priority: 1` (high), the rest with
+`X-Priority: 3` (low); medians of {len(data["rounds"])} rounds with a fresh server. Latency
+from each request's scheduled send time.
+
+{table(["class", "served/s", "p50 ms", "p99 ms"], rows)}
+
+Low-priority p99 / high-priority p99: **{summary["low_over_high_p99"]:.1f}x**.
+
+## Machine
+
+{machine_markdown(data["machine"])}
+"""
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--model", default="resnet18")
+    parser.add_argument("--precision", default="fp32")
+    parser.add_argument("--batch-size", type=int, default=8)
+    parser.add_argument("--overload", type=float, default=1.5)
+    parser.add_argument("--high-share", type=float, default=0.2)
+    parser.add_argument("--duration", type=float, default=20.0)
+    parser.add_argument("--warmup", type=float, default=2.0)
+    parser.add_argument("--rounds", type=int, default=2)
+    parser.add_argument("--images", type=Path)
+    parser.add_argument("--name", help="results/<name>.* (default: priorities-<model>)")
+    args = parser.parse_args()
+    data = run(args)
+    text = markdown(data)
+    print(text)
+    write_results(args.name or f"priorities-{args.model}", data, text)
+
+
+if __name__ == "__main__":
+    main()
