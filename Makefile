@@ -7,7 +7,7 @@ BENCH_STAMP := $(VENV)/.bench-stamp
 HOST   ?= 0.0.0.0
 PORT   ?= 8000
 
-.PHONY: install serve test test-fast lint format bench gpu-check gpu-wheels clean
+.PHONY: install serve serve-workers test test-fast lint format bench gpu-check gpu-wheels clean
 
 $(STAMP): pyproject.toml
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
@@ -19,6 +19,14 @@ install: $(STAMP)
 ## Start the server on the default model (resnet50) at http://$(HOST):$(PORT)
 serve: $(STAMP)
 	$(BIN)/python -m uvicorn app.main:app --host $(HOST) --port $(PORT)
+
+## One worker per device (or per share of the CPUs) on ports 8000, 8001, ... under supervisord
+WORKERS ?= 2
+serve-workers: $(STAMP)
+	mkdir -p .run
+	BATCHSERVE_WORKERS=$(WORKERS) BATCHSERVE_RUN_DIR=$(CURDIR)/.run \
+	BATCHSERVE_PYTHON=$(CURDIR)/$(BIN)/python BATCHSERVE_HOST=$(HOST) \
+	$(BIN)/supervisord -c deploy/host/supervisord.conf
 
 ## Run the whole test suite
 test: $(STAMP)

@@ -15,16 +15,32 @@ from pathlib import Path
 CGROUP = Path("/sys/fs/cgroup")
 
 
-def available_cpus(cgroup: Path = CGROUP) -> int:
-    """CPUs in this process's affinity mask, capped by its cgroup CPU quota (rounded up)."""
+def available_cpus(cgroup: Path = CGROUP, workers: int = 1) -> int:
+    """CPUs in this process's affinity mask, capped by its share of the cgroup CPU quota
+    (rounded up) when ``workers`` processes share the container."""
     try:
         count = len(os.sched_getaffinity(0))
     except AttributeError:  # not on Linux
         count = os.cpu_count() or 1
     quota = cgroup_cpu_quota(cgroup)
     if quota is not None:
-        count = min(count, max(1, math.ceil(quota)))
+        count = min(count, max(1, math.ceil(quota / workers)))
     return max(1, count)
+
+
+def pin_worker(index: int, workers: int) -> list[int] | None:
+    """Restrict this process (its calling thread and every thread started from it later) to
+    the ``index``-th of ``workers`` equal shares of its CPUs, so that workers on one host do
+    not compete for cores. Does nothing with one worker, or fewer CPUs than workers."""
+    try:
+        cpus = sorted(os.sched_getaffinity(0))
+    except AttributeError:  # not on Linux
+        return None
+    if workers <= 1 or len(cpus) < workers:
+        return None
+    share = cpus[index * len(cpus) // workers : (index + 1) * len(cpus) // workers]
+    os.sched_setaffinity(0, share)
+    return share
 
 
 def cgroup_cpu_quota(cgroup: Path = CGROUP) -> float | None:

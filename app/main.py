@@ -14,6 +14,7 @@ from prometheus_fastapi_instrumentator import Instrumentator
 
 from app.admission import Admission
 from app.auth import require_api_key
+from app.cpus import pin_worker
 from app.draining import SigtermDrain
 from app.engine import DeviceError, ModelLoadError, StartupError, build_engine, resolve_device
 from app.errors import install_error_handlers
@@ -90,7 +91,10 @@ def _lifespan(server: ServerState):  # type: ignore[no-untyped-def]
     @asynccontextmanager
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:
         settings, metrics, lifecycle = server.settings, server.metrics, server.lifecycle
-        config = settings.batch_config(resolve_device(settings.device).type)
+        share = pin_worker(settings.worker_index, settings.workers)
+        if share is not None:
+            logger.info("worker %d of %d: CPUs %s", settings.worker_index, settings.workers, share)
+        config = settings.batch_config(resolve_device(settings.device, settings.worker_index).type)
         # Loading and warm-up take seconds: keep them off the event loop.
         try:
             engine = await asyncio.to_thread(build_engine, settings, config, metrics)
@@ -114,7 +118,9 @@ def _lifespan(server: ServerState):  # type: ignore[no-untyped-def]
             lambda: batcher.queue_depth,
             lambda: batcher.inflight_batches,
             lambda: admission.bytes,
+            lambda: admission.requests,
         )
+        metrics.limits(config.max_queue_size, settings.max_queue_bytes)
         metrics.model_info.labels(
             engine.name, str(engine.device), engine.precision, engine.backend.name
         ).set(1)

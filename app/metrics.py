@@ -57,6 +57,18 @@ class Metrics(BatchObserver, EngineObserver):
             "MAX_QUEUE_BYTES)",
             registry=r,
         )
+        self.admitted_requests = Gauge(
+            "batchserve_admitted_requests",
+            "Admitted requests not yet dispatched: being read, decoded or queued "
+            "(bounded by MAX_QUEUE_SIZE)",
+            registry=r,
+        )
+        self.admission_limit = Gauge(
+            "batchserve_admission_limit",
+            "MAX_QUEUE_SIZE (resource=requests) and MAX_QUEUE_BYTES (resource=bytes)",
+            ["resource"],
+            registry=r,
+        )
         self.inflight_batches = Gauge(
             "batchserve_inflight_batches", "Batches being prepared or executed", registry=r
         )
@@ -148,11 +160,18 @@ class Metrics(BatchObserver, EngineObserver):
         queue_depth: Callable[[], float],
         inflight: Callable[[], float],
         admitted_bytes: Callable[[], float],
+        admitted_requests: Callable[[], float] | None = None,
     ) -> None:
         """Read the gauges at scrape time rather than on every request."""
         self.queue_depth.set_function(queue_depth)
         self.inflight_batches.set_function(inflight)
         self.admitted_bytes.set_function(admitted_bytes)
+        if admitted_requests is not None:
+            self.admitted_requests.set_function(admitted_requests)
+
+    def limits(self, requests: int, encoded_bytes: int) -> None:
+        self.admission_limit.labels("requests").set(requests)
+        self.admission_limit.labels("bytes").set(encoded_bytes)
 
     def on_phase(self, phase: Phase) -> None:
         """A lifecycle listener."""

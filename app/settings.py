@@ -68,6 +68,8 @@ class Settings(BaseSettings):
     top_k: int = Field(5, ge=1)
     decode_workers: int | None = Field(None, ge=1, le=256)
     torch_threads: int | None = Field(None, ge=1, le=1024)
+    workers: int = Field(1, ge=1, le=256)
+    worker_index: int = Field(0, ge=0, le=255)
 
     # Operations
     model_name: str | None = Field(None, pattern=r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,127}$")
@@ -126,6 +128,10 @@ class Settings(BaseSettings):
                 "PRECISION=int8 is served by BACKEND=onnxruntime or BACKEND=openvino, from a "
                 "quantized artefact that passed its accuracy gate"
             )
+        if self.worker_index >= self.workers:
+            raise ValueError(
+                f"WORKER_INDEX ({self.worker_index}) must be below WORKERS ({self.workers})"
+            )
         if self.default_priority > self.priority_levels:
             raise ValueError(
                 f"DEFAULT_PRIORITY ({self.default_priority}) cannot exceed PRIORITY_LEVELS "
@@ -161,13 +167,14 @@ class Settings(BaseSettings):
 
     @property
     def decode_threads(self) -> int:
-        return self.decode_workers or available_cpus()
+        return self.decode_workers or available_cpus(workers=self.workers)
 
     @property
     def intra_op_threads(self) -> int:
         """Threads torch (and any other runtime) uses inside one forward pass: by default
-        every CPU the process may use (its affinity mask, capped by a container's CPU quota)."""
-        return self.torch_threads or available_cpus()
+        every CPU the process may use (its affinity mask, capped by its share of a
+        container's CPU quota)."""
+        return self.torch_threads or available_cpus(workers=self.workers)
 
     def batch_config(self, device_type: str) -> BatchConfig:
         """The batcher's configuration for a model on a device of this type (``cpu``, ``cuda``).

@@ -12,10 +12,13 @@ class DeviceError(RuntimeError):
     """The configured device or precision is not available on this machine."""
 
 
-def resolve_device(setting: str) -> torch.device:
-    """``auto`` is the first CUDA device when there is one, else the CPU."""
+def resolve_device(setting: str, worker_index: int = 0) -> torch.device:
+    """``auto`` is a CUDA device when there is one (worker i of a host takes GPU i, round
+    robin), else the CPU."""
     if setting == "auto":
-        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
+        if not torch.cuda.is_available():
+            return torch.device("cpu")
+        return torch.device("cuda", worker_index % torch.cuda.device_count())
     device = torch.device(setting)
     if device.type == "cuda":
         if not torch.cuda.is_available():

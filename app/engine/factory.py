@@ -46,7 +46,7 @@ def build_engine(
     its slots and batch buckets from it. A backend other than PyTorch serves from an exported
     artefact (made here when missing) and only after it agrees with eager PyTorch.
     """
-    device = resolve_device(settings.device)
+    device = resolve_device(settings.device, settings.worker_index)
     torch.set_num_threads(settings.intra_op_threads)
     loaded = load_model(
         settings.model,

@@ -1,0 +1,149 @@
+"""Every file under deploy/ read by the tool that consumes it: kustomize renders the overlays,
+kubernetes-validate checks the core objects strictly, the custom resources match their CRDs'
+schemas, promtool checks and unit-tests the rules, and the dashboard's queries use the rules."""
+
+from __future__ import annotations
+
+import json
+import re
+import subprocess
+import sys
+from pathlib import Path
+from typing import Any
+
+import jsonschema
+import pytest
+import yaml
+
+from tests.crd_schemas import BY_KIND
+from tests.tools import require_tool
+
+ROOT = Path(__file__).resolve().parent.parent
+DEPLOY = ROOT / "deploy"
+KUBERNETES = DEPLOY / "kubernetes"
+PROMETHEUS = DEPLOY / "prometheus"
+OVERLAYS = ["cpu", "gpu"]
+BIN = Path(sys.executable).parent  # tools installed in this virtual environment
+
+
+def rendered(overlay: str) -> list[dict[str, Any]]:
+    kubectl = require_tool("kubectl")
+    output = subprocess.run(
+        [str(kubectl), "kustomize", str(KUBERNETES / "overlays" / overlay)],
+        capture_output=True, text=True, check=True,
+    ).stdout  # fmt: skip
+    return [document for document in yaml.safe_load_all(output) if document]
+
+
+def by_kind(documents: list[dict[str, Any]], kind: str) -> dict[str, Any]:
+    (document,) = [d for d in documents if d["kind"] == kind]
+    return document
+
+
+@pytest.mark.parametrize("overlay", OVERLAYS)
+def test_overlays_render_and_the_core_objects_validate_strictly(
+    overlay: str, tmp_path: Path
+) -> None:
+    documents = rendered(overlay)
+    kinds = sorted(document["kind"] for document in documents)
+    assert kinds == ["ConfigMap", "Deployment", "PodDisruptionBudget", "ScaledObject",
+                     "Service", "ServiceMonitor"]  # fmt: skip
+    core = [d for d in documents if d["kind"] not in BY_KIND]
+    path = tmp_path / "core.yaml"
+    path.write_text(yaml.safe_dump_all(core))
+    validate = require_tool(
+        "kubernetes-validate", Path(sys.executable).parent / "kubernetes-validate"
+    )
+    result = subprocess.run([str(validate), "--strict", "--quiet", str(path)],
+                            capture_output=True, text=True)  # fmt: skip
+    assert result.returncode == 0, result.stdout + result.stderr
+    for document in documents:
+        if document["kind"] in BY_KIND:
+            jsonschema.validate(document, BY_KIND[document["kind"]])
+
+
+def test_the_deployment_runs_safely_and_drains_before_it_is_killed() -> None:
+    for overlay in OVERLAYS:
+        documents = rendered(overlay)
+        pod = by_kind(documents, "Deployment")["spec"]["template"]["spec"]
+        (container,) = pod["containers"]
+        settings = by_kind(documents, "ConfigMap")["data"]
+        drain = float(settings["BATCHSERVE_DRAIN_TIMEOUT_S"])
+        pause = int(container["lifecycle"]["preStop"]["exec"]["command"][1])
+        assert pod["terminationGracePeriodSeconds"] > drain + pause
+        assert container["startupProbe"]["httpGet"]["path"] == "/readyz"
+        assert container["livenessProbe"]["httpGet"]["path"] == "/healthz"
+        assert container["readinessProbe"]["httpGet"]["path"] == "/readyz"
+        assert pod["securityContext"]["runAsNonRoot"] is True
+        assert container["securityContext"]["readOnlyRootFilesystem"] is True
+        mounts = {mount["mountPath"] for mount in container["volumeMounts"]}
+        assert {"/tmp", "/var/cache/batchserve"} <= mounts  # where the server writes
+        assert settings["BATCHSERVE_ARTIFACTS_DIR"].startswith("/var/cache/batchserve/")
+        assert container["envFrom"][0]["configMapRef"]["name"].startswith("batchserve-settings")
+        key = container["env"][0]
+        assert (key["name"], key["valueFrom"]["secretKeyRef"]["name"]) == (
+            "BATCHSERVE_API_KEY", "batchserve-api-key"
+        )  # fmt: skip
+        gpus = container["resources"]["limits"].get("nvidia.com/gpu")
+        assert gpus == ("1" if overlay == "gpu" else None)
+
+
+def test_the_alternative_hpa_and_kserve_files_validate(tmp_path: Path) -> None:
+    hpa = yaml.safe_load((KUBERNETES / "hpa" / "horizontalpodautoscaler.yaml").read_text())
+    path = tmp_path / "hpa.yaml"
+    path.write_text(yaml.safe_dump(hpa))
+    validate = require_tool(
+        "kubernetes-validate", Path(sys.executable).parent / "kubernetes-validate"
+    )
+    result = subprocess.run([str(validate), "--strict", "--quiet", str(path)],
+                            capture_output=True, text=True)  # fmt: skip
+    assert result.returncode == 0, result.stdout + result.stderr
+    adapter = yaml.safe_load((KUBERNETES / "hpa" / "prometheus-adapter-rules.yaml").read_text())
+    published = {rule["name"]["as"] for rule in adapter["rules"]}
+    used = {metric["pods"]["metric"]["name"] for metric in hpa["spec"]["metrics"]}
+    assert used <= published  # every metric the HPA asks for is one the adapter publishes
+    service = yaml.safe_load((KUBERNETES / "kserve" / "inferenceservice.yaml").read_text())
+    jsonschema.validate(service, BY_KIND["InferenceService"])
+
+
+def test_a_misspelt_field_is_caught_by_the_custom_resource_schemas() -> None:
+    scaled = by_kind(rendered("cpu"), "ScaledObject")
+    scaled["spec"]["minReplicasCount"] = 2
+    with pytest.raises(jsonschema.ValidationError, match="minReplicasCount"):
+        jsonschema.validate(scaled, BY_KIND["ScaledObject"])
+
+
+def test_promtool_checks_and_unit_tests_the_rules() -> None:
+    promtool = require_tool("promtool")
+    checked = subprocess.run([str(promtool), "check", "rules", str(PROMETHEUS / "rules.yaml")],
+                             capture_output=True, text=True)  # fmt: skip
+    assert checked.returncode == 0, checked.stdout + checked.stderr
+    tested = subprocess.run([str(promtool), "test", "rules", "rules.test.yaml"],
+                            cwd=PROMETHEUS, capture_output=True, text=True)  # fmt: skip
+    assert tested.returncode == 0, tested.stdout + tested.stderr
+    rules = yaml.safe_load((PROMETHEUS / "rules.yaml").read_text())
+    alerts = {rule["alert"] for group in rules["groups"] for rule in group["rules"]
+              if "alert" in rule}  # fmt: skip
+    tests = (PROMETHEUS / "rules.test.yaml").read_text()
+    assert {alert for alert in alerts if f"alertname: {alert}" in tests} == alerts
+
+
+def recording_rules() -> set[str]:
+    rules = yaml.safe_load((PROMETHEUS / "rules.yaml").read_text())
+    return {rule["record"] for group in rules["groups"] for rule in group["rules"]
+            if "record" in rule}  # fmt: skip
+
+
+def dashboard_queries() -> list[str]:
+    dashboard = json.loads((PROMETHEUS / "grafana-dashboard.json").read_text())
+    return [target["expr"] for panel in dashboard["panels"] for target in panel["targets"]]
+
+
+def test_the_dashboard_is_built_on_the_recording_rules() -> None:
+    records = recording_rules()
+    queries = dashboard_queries()
+    assert queries
+    for query in queries:
+        used = set(re.findall(r"batchserve:[a-z0-9_:]+", query))
+        assert used, f"{query} does not use a recording rule"
+        assert used <= records, used - records
