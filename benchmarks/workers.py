@@ -76,7 +76,8 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
 def markdown(data: dict[str, Any]) -> str:
     rows = [[key, m["throughput"], m["p50_ms"], m["p99_ms"]]
             for key, m in data["medians"].items()]  # fmt: skip
-    return f"""# Workers on one host: {data["model"]} {data["precision"]}, batch {data["batch_size"]}
+    title = f"{data['model']} {data['precision']}, batch {data['batch_size']}"
+    return f"""# Workers on one host: {title}
 
 `python -m benchmarks.workers`: one worker with every CPU against {data["workers"]} workers
 pinned to a share each (`WORKERS` / `WORKER_INDEX`), at {data["clients"]} clients (split
