@@ -1,9 +1,16 @@
 # syntax=docker/dockerfile:1
-# CPU image. For CUDA, start from an image with a CUDA build of torch (see the README).
+# One Dockerfile, two images:
+#   docker build -t batchserve:cpu .
+#   docker build -t batchserve:cuda --build-arg TORCH_INDEX=https://download.pytorch.org/whl/cu130 .
+# The CUDA build of torch brings its CUDA libraries as wheels: the host needs only the NVIDIA
+# driver and container runtime. Both run as a non-root user, and only write to /tmp and the
+# artefact cache, so they run with a read-only root filesystem (see deploy/kubernetes).
 FROM python:3.11-slim
 
-# The CPU build of torch; point it at a CUDA index (e.g. .../whl/cu128) for a GPU image.
 ARG TORCH_INDEX=https://download.pytorch.org/whl/cpu
+# The inference runtimes (BACKEND=onnxruntime, openvino) are included; drop them for a smaller
+# torch-only image with --build-arg EXTRAS=.
+ARG EXTRAS=onnx,openvino
 
 ENV PYTHONDONTWRITEBYTECODE=1 \
     PYTHONUNBUFFERED=1 \
@@ -16,7 +23,7 @@ WORKDIR /srv
 COPY pyproject.toml README.md ./
 RUN mkdir -p app batching preprocessing \
     && touch app/__init__.py batching/__init__.py preprocessing/__init__.py \
-    && pip install --extra-index-url "$TORCH_INDEX" . \
+    && pip install --extra-index-url "$TORCH_INDEX" ".${EXTRAS:+[$EXTRAS]}" \
     && pip uninstall -y batchserve
 
 COPY app ./app
@@ -24,12 +31,16 @@ COPY batching ./batching
 COPY preprocessing ./preprocessing
 RUN pip install --no-deps .
 
-RUN useradd --create-home --uid 10001 batchserve
-USER batchserve
-ENV TORCH_HOME=/home/batchserve/.cache/torch
+RUN useradd --create-home --uid 10001 batchserve \
+    && mkdir -p /var/cache/batchserve/artifacts /models \
+    && chown -R batchserve:batchserve /var/cache/batchserve
+USER 10001
+ENV TORCH_HOME=/home/batchserve/.cache/torch \
+    BATCHSERVE_ARTIFACTS_DIR=/var/cache/batchserve/artifacts
 
 EXPOSE 8000
-HEALTHCHECK --interval=15s --timeout=3s --start-period=120s --retries=3 \
+HEALTHCHECK --interval=15s --timeout=3s --start-period=300s --retries=3 \
     CMD python -c "import urllib.request,sys; sys.exit(urllib.request.urlopen('http://127.0.0.1:8000/healthz', timeout=2).status != 200)"
 
+# The graceful-shutdown backstop sits above DRAIN_TIMEOUT_S (30 s by default).
 CMD ["uvicorn", "app.main:app", "--host", "0.0.0.0", "--port", "8000", "--timeout-graceful-shutdown", "40"]

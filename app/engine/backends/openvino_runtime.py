@@ -4,8 +4,8 @@ The performance hint follows ``MAX_INFLIGHT_BATCHES``: ``LATENCY`` (one stream u
 thread) for one batch at a time; ``THROUGHPUT`` (several streams) when batches may overlap, and
 then each batch thread gets its own infer request and forward passes are not serialised, so
 that two batches really run at once. Requests run with the synchronous ``infer`` (which
-releases the GIL): asynchronous requests measured 5-20% slower here, and the THROUGHPUT hint
-with two callers lower than LATENCY with one on two cores
+releases the GIL): asynchronous requests were no faster over two runs, and on two cores the
+THROUGHPUT hint with two callers was slower than LATENCY with one
 (``benchmarks/results/runtime-options-resnet50.md``). The inference precision is pinned:
 OpenVINO would otherwise pick bf16 by itself on CPUs that have it.
 """
