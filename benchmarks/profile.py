@@ -9,7 +9,8 @@
    decode, queue, transfer, forward, readback, serialize and the rest (HTTP, thread hops),
    from the ``Server-Timing`` header, with each stage's share.
 
-Usage: ``python -m benchmarks.profile --model resnet18 --batches 8 --batch-size 8``
+Usage: ``python -m benchmarks.profile --model resnet18 --batches 8 --batch-size 8``; any other
+setting with ``--set backend=onnxruntime --set compile=none`` (the same in both parts).
 """
 
 from __future__ import annotations
@@ -42,8 +43,9 @@ GROUPS = {
 
 
 def profile_batches(model: str, precision: str, batch_size: int, batches: int,
-                    images: list[bytes], trace: Path) -> dict[str, Any]:  # fmt: skip
-    engine = make_engine(model, precision, batch_size)
+                    images: list[bytes], trace: Path,
+                    settings: dict[str, Any] | None = None) -> dict[str, Any]:  # fmt: skip
+    engine = make_engine(model, precision, batch_size, **(settings or {}))
     activities = [ProfilerActivity.CPU]
     on_cuda = engine.device.type == "cuda"
     if on_cuda:
@@ -75,13 +77,17 @@ def profile_batches(model: str, precision: str, batch_size: int, batches: int,
             "device": str(engine.device), "compile": engine.backend.variant}  # fmt: skip
 
 
+def env_of(settings: dict[str, str]) -> dict[str, str]:
+    return {f"BATCHSERVE_{key.upper()}": value for key, value in settings.items()}
+
+
 def breakdown(model: str, precision: str, batch_size: int, images: list[bytes],
-              requests: int) -> dict[str, Any]:  # fmt: skip
+              requests: int, settings: dict[str, str]) -> dict[str, Any]:  # fmt: skip
     """Median per stage of single requests through a real server."""
     per_stage: dict[str, list[float]] = {name: [] for name in (*GROUPS, "other", "total")}
     client_ms: list[float] = []
     with (
-        UvicornProcess(server_env(model, precision, batch_size)) as server,
+        UvicornProcess(server_env(model, precision, batch_size, **env_of(settings))) as server,
         httpx.Client(base_url=server.url, timeout=60) as client,
     ):
         for index in range(requests + 3):
@@ -126,7 +132,7 @@ def markdown(data: dict[str, Any]) -> str:
     )
     return f"""# Profile: {data["model"]} {data["precision"]} on {data["profile"]["device"]}
 
-Compiled with: {data["profile"]["compile"]}.
+Backend variant: {data["profile"]["compile"]}; settings: {data.get("settings") or "defaults"}.
 
 ## One request, end to end (1 client, medians of {data["breakdown"]["requests"]} requests)
 
@@ -159,8 +165,11 @@ def main() -> None:
     parser.add_argument("--batches", type=int, default=8)
     parser.add_argument("--requests", type=int, default=30)
     parser.add_argument("--images", type=Path)
+    parser.add_argument("--set", action="append", default=[], metavar="SETTING=VALUE",
+                        help="another setting, e.g. backend=onnxruntime")  # fmt: skip
     parser.add_argument("--name", help="results/<name>.* (default: profile-<model>)")
     args = parser.parse_args()
+    settings = dict(pair.split("=", 1) for pair in args.set)
     name = args.name or f"profile-{args.model}"
     images = corpus(args.images, 64)
     trace = RESULTS / "traces" / f"{name}.json"
@@ -170,11 +179,14 @@ def main() -> None:
         "precision": args.precision,
         "batch_size": args.batch_size,
         "batches": args.batches,
+        "settings": settings,
         "trace": str(trace.relative_to(RESULTS.parent.parent)),
         "profile": profile_batches(
-            args.model, args.precision, args.batch_size, args.batches, images, trace
+            args.model, args.precision, args.batch_size, args.batches, images, trace, settings
         ),
-        "breakdown": breakdown(args.model, args.precision, args.batch_size, images, args.requests),
+        "breakdown": breakdown(
+            args.model, args.precision, args.batch_size, images, args.requests, settings
+        ),
     }
     text = markdown(data)
     print(text)
