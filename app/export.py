@@ -10,26 +10,18 @@ from __future__ import annotations
 import argparse
 import sys
 
-from app.engine.factory import ensure_onnx, ensure_openvino
-from app.engine.loading import load_model
+from app.engine.factory import ensure_onnx, ensure_openvino, load_configured_model
 from app.logs import configure_logging
-from app.settings import SettingsError, load_settings
+from app.settings import settings_for_tool
 
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--format", choices=["onnx", "openvino", "all"], default="all")
     args = parser.parse_args(argv)
-    try:
-        settings = load_settings()
-    except SettingsError as exc:
-        print(f"batchserve: {exc}", file=sys.stderr)
-        return 2
+    settings = settings_for_tool()
     configure_logging(settings.log_level, settings.log_json)
-    loaded = load_model(
-        settings.model, settings.weights, settings.labels, settings.image_size,
-        settings.resize_size,
-    )  # fmt: skip
+    loaded = load_configured_model(settings)
     print(ensure_onnx(settings.artifacts_dir, loaded))
     if args.format in ("openvino", "all"):
         print(ensure_openvino(settings.artifacts_dir, loaded, "fp32"))

@@ -15,10 +15,10 @@ import sys
 from pathlib import Path
 
 from app.engine.artifacts import REPORT, read_json
-from app.engine.loading import load_model
+from app.engine.factory import load_configured_model
 from app.engine.quantize import build_int8
 from app.logs import configure_logging
-from app.settings import SettingsError, load_settings
+from app.settings import settings_for_tool
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -26,19 +26,12 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--calibration", type=Path, required=True, help="a folder of images")
     parser.add_argument("--gate", type=Path, help="held-out images to judge on")
     args = parser.parse_args(argv)
-    try:
-        settings = load_settings()
-    except SettingsError as exc:
-        print(f"batchserve: {exc}", file=sys.stderr)
-        return 2
+    settings = settings_for_tool()
     if settings.backend == "torch":
         print("batchserve: set BATCHSERVE_BACKEND=onnxruntime or openvino", file=sys.stderr)
         return 2
     configure_logging(settings.log_level, settings.log_json)
-    loaded = load_model(
-        settings.model, settings.weights, settings.labels, settings.image_size,
-        settings.resize_size,
-    )  # fmt: skip
+    loaded = load_configured_model(settings)
     path = build_int8(settings, loaded, args.calibration, args.gate)
     report = read_json(path.parent / REPORT) or {}
     print(json.dumps({"model": str(path), "report": report}, indent=2))

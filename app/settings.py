@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import sys
 from pathlib import Path
 from typing import Annotated, Any, Literal
 
@@ -203,6 +204,15 @@ def load_settings(**overrides: Any) -> Settings:
         return Settings(**overrides)
     except ValidationError as exc:
         raise SettingsError(describe_errors(exc)) from None
+
+
+def settings_for_tool() -> Settings:
+    """Settings for a command-line tool: one line on stderr and exit status 2 when invalid."""
+    try:
+        return load_settings()
+    except SettingsError as exc:
+        print(f"batchserve: {exc}", file=sys.stderr)
+        raise SystemExit(2) from None
 
 
 def describe_errors(exc: ValidationError) -> str:

@@ -4,8 +4,10 @@ from __future__ import annotations
 
 import json
 import logging
+import os
 import re
 import shutil
+import subprocess
 import sys
 from pathlib import Path
 from typing import Any
@@ -21,7 +23,7 @@ from app.engine.errors import CheckFailedError, UngatedModelError
 from app.engine.export import ONNX_FILE, export_onnx
 from app.settings import Settings
 from tests import images
-from tests.conftest import make_settings, serve
+from tests.conftest import COLOR_MODEL, make_settings, serve
 from tests.models import ColorClassifier
 
 JPEG = {"content-type": "image/jpeg"}
@@ -183,3 +185,49 @@ def test_onnxruntime_on_cuda_agrees_with_eager_pytorch(tmp_path: Path, precision
     assert engine.backend.describe()["providers"][0] in (
         "TensorrtExecutionProvider", "CUDAExecutionProvider",
     )  # fmt: skip
+
+
+def run_tool(
+    module: str, tmp_path: Path, *args: str, **env: str
+) -> subprocess.CompletedProcess[str]:
+    """``python -m module args`` as a user runs it, with the test model's settings."""
+    environment = {
+        **os.environ,
+        "BATCHSERVE_MODEL": COLOR_MODEL,
+        "BATCHSERVE_WEIGHTS": "none",
+        "BATCHSERVE_ARTIFACTS_DIR": str(tmp_path / "artifacts"),
+        "BATCHSERVE_LOG_LEVEL": "warning",
+        **env,
+    }
+    return subprocess.run(
+        [sys.executable, "-m", module, *args], env=environment, capture_output=True, text=True,
+        cwd=Path(__file__).parent.parent, timeout=300,
+    )  # fmt: skip
+
+
+def test_export_tool_writes_both_artefacts_that_start_up_then_reuses(tmp_path: Path) -> None:
+    done = run_tool("app.export", tmp_path)
+    assert done.returncode == 0, done.stderr
+    written = [Path(line) for line in done.stdout.split()]
+    assert [path.suffix for path in written] == [".onnx", ".xml"]
+    assert all(path.is_file() for path in written)
+    before = artifact_dirs(tmp_path / "artifacts")
+    build_engine(runtime_settings(tmp_path, "openvino"), make_settings().batch_config("cpu"))
+    assert artifact_dirs(tmp_path / "artifacts") == before  # served from what the tool wrote
+
+
+@pytest.mark.parametrize(
+    "command", [["app.export"], ["app.quantize", "--calibration", "."]], ids=lambda c: c[0]
+)
+def test_tools_refuse_invalid_settings_in_one_line(tmp_path: Path, command: list[str]) -> None:
+    done = run_tool(*command[:1], tmp_path, *command[1:], BATCHSERVE_MAX_BATCH_SIZE="0")
+    assert done.returncode == 2
+    assert done.stderr.startswith("batchserve: invalid settings:")
+    assert "Traceback" not in done.stderr
+    assert "BATCHSERVE_MAX_BATCH_SIZE" in done.stderr
+
+
+def test_quantize_tool_needs_a_runtime_backend(tmp_path: Path) -> None:
+    done = run_tool("app.quantize", tmp_path, "--calibration", str(tmp_path))
+    assert done.returncode == 2
+    assert "BATCHSERVE_BACKEND=onnxruntime or openvino" in done.stderr

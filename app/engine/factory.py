@@ -37,6 +37,14 @@ logger = logging.getLogger("batchserve")
 QDQ = "-qdq"  # INT8 ONNX artefacts: static quantisation with QuantizeLinear/DequantizeLinear
 
 
+def load_configured_model(settings: Settings) -> LoadedModel:
+    """The model the settings name, with their weights, labels and input sizes."""
+    return load_model(
+        settings.model, settings.weights, settings.labels, settings.image_size,
+        settings.resize_size,
+    )  # fmt: skip
+
+
 def build_engine(
     settings: Settings, config: BatchConfig, observer: EngineObserver | None = None
 ) -> InferenceEngine:
@@ -48,13 +56,7 @@ def build_engine(
     """
     device = resolve_device(settings.device, settings.worker_index)
     torch.set_num_threads(settings.intra_op_threads)
-    loaded = load_model(
-        settings.model,
-        settings.weights,
-        settings.labels,
-        settings.image_size,
-        settings.resize_size,
-    )
+    loaded = load_configured_model(settings)
     if settings.backend == "torch":
         backend = torch_backend(settings, loaded, device, config)
     else:
