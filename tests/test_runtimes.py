@@ -220,7 +220,7 @@ def test_export_tool_writes_both_artefacts_that_start_up_then_reuses(tmp_path: P
     "command", [["app.export"], ["app.quantize", "--calibration", "."]], ids=lambda c: c[0]
 )
 def test_tools_refuse_invalid_settings_in_one_line(tmp_path: Path, command: list[str]) -> None:
-    done = run_tool(*command[:1], tmp_path, *command[1:], BATCHSERVE_MAX_BATCH_SIZE="0")
+    done = run_tool(command[0], tmp_path, *command[1:], BATCHSERVE_MAX_BATCH_SIZE="0")
     assert done.returncode == 2
     assert done.stderr.startswith("batchserve: invalid settings:")
     assert "Traceback" not in done.stderr
