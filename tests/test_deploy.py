@@ -40,6 +40,18 @@ def by_kind(documents: list[dict[str, Any]], kind: str) -> dict[str, Any]:
     return document
 
 
+def validate_strictly(documents: list[dict[str, Any]], tmp_path: Path) -> None:
+    """``kubernetes-validate --strict`` on core Kubernetes objects, as a user would run it."""
+    path = tmp_path / "objects.yaml"
+    path.write_text(yaml.safe_dump_all(documents))
+    validate = require_tool(
+        "kubernetes-validate", Path(sys.executable).parent / "kubernetes-validate"
+    )
+    result = subprocess.run([str(validate), "--strict", "--quiet", str(path)],
+                            capture_output=True, text=True)  # fmt: skip
+    assert result.returncode == 0, result.stdout + result.stderr
+
+
 @pytest.mark.parametrize("overlay", OVERLAYS)
 def test_overlays_render_and_the_core_objects_validate_strictly(
     overlay: str, tmp_path: Path
@@ -48,15 +60,7 @@ def test_overlays_render_and_the_core_objects_validate_strictly(
     kinds = sorted(document["kind"] for document in documents)
     assert kinds == ["ConfigMap", "Deployment", "PodDisruptionBudget", "ScaledObject",
                      "Service", "ServiceMonitor"]  # fmt: skip
-    core = [d for d in documents if d["kind"] not in BY_KIND]
-    path = tmp_path / "core.yaml"
-    path.write_text(yaml.safe_dump_all(core))
-    validate = require_tool(
-        "kubernetes-validate", Path(sys.executable).parent / "kubernetes-validate"
-    )
-    result = subprocess.run([str(validate), "--strict", "--quiet", str(path)],
-                            capture_output=True, text=True)  # fmt: skip
-    assert result.returncode == 0, result.stdout + result.stderr
+    validate_strictly([d for d in documents if d["kind"] not in BY_KIND], tmp_path)
     for document in documents:
         if document["kind"] in BY_KIND:
             jsonschema.validate(document, BY_KIND[document["kind"]])
@@ -90,14 +94,7 @@ def test_the_deployment_runs_safely_and_drains_before_it_is_killed() -> None:
 
 def test_the_alternative_hpa_and_kserve_files_validate(tmp_path: Path) -> None:
     hpa = yaml.safe_load((KUBERNETES / "hpa" / "horizontalpodautoscaler.yaml").read_text())
-    path = tmp_path / "hpa.yaml"
-    path.write_text(yaml.safe_dump(hpa))
-    validate = require_tool(
-        "kubernetes-validate", Path(sys.executable).parent / "kubernetes-validate"
-    )
-    result = subprocess.run([str(validate), "--strict", "--quiet", str(path)],
-                            capture_output=True, text=True)  # fmt: skip
-    assert result.returncode == 0, result.stdout + result.stderr
+    validate_strictly([hpa], tmp_path)
     adapter = yaml.safe_load((KUBERNETES / "hpa" / "prometheus-adapter-rules.yaml").read_text())
     published = {rule["name"]["as"] for rule in adapter["rules"]}
     used = {metric["pods"]["metric"]["name"] for metric in hpa["spec"]["metrics"]}
