@@ -53,6 +53,7 @@ class ModelInfo(BaseModel):
     state: str
     backend: dict[str, Any]
     check: dict[str, Any] | None
+    cpu: dict[str, Any]
     input_shape: list[int]
     resize_size: int
     num_classes: int

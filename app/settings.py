@@ -46,6 +46,12 @@ class Settings(BaseSettings):
     artifacts_dir: Path = Path.home() / ".cache" / "batchserve" / "artifacts"
     calibration_dir: Path | None = None
     allow_ungated_int8: bool = False
+    # The INT8 accuracy gate: the INT8 model against eager fp32 PyTorch on held-out photos.
+    int8_gate_min_confident_top1_agreement: float = Field(0.98, ge=0, le=1)
+    int8_gate_min_plausible_top1: float = Field(0.9, ge=0, le=1)
+    int8_gate_max_mean_total_variation: float = Field(0.12, ge=0, le=1)
+    int8_gate_max_probability_difference: float = Field(0.25, ge=0, le=1)
+    int8_gate_min_images: int = Field(30, ge=1, le=100_000)
 
     # Batching
     max_batch_size: int = Field(32, ge=1, le=4096)

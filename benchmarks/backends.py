@@ -7,10 +7,11 @@ the forward pass alone, and the pipelined limit with decoding), then a server dr
 minutes shifts them alike; the report gives medians over rounds, served/limit per backend,
 and each configuration's served images/s against the first one's.
 
-INT8 artefacts are built before the first round (calibrated on ``--calibration``, or on
-generated images). A model with random weights cannot pass a meaningful accuracy gate, so
-for throughput they are served with ``ALLOW_UNGATED_INT8=true``, and the report says so; the
-accuracy of INT8 is judged on a real model (``python -m benchmarks.int8_gate``).
+INT8 artefacts are built before the first round by ``python -m app.quantize`` with the plain
+recipe of this CPU's INT8 class (calibrated on ``--calibration``, or on generated images). A
+model with random weights cannot pass a meaningful accuracy gate, so for throughput they are
+served with ``ALLOW_UNGATED_INT8=true``, and the report says so; the accuracy of INT8 is judged
+on a real model (``python -m benchmarks.int8_gate``).
 
 Usage: ``python -m benchmarks.backends --model resnet50 --rounds 2``
 """
@@ -19,6 +20,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import subprocess
 import sys
 import tempfile
@@ -26,6 +28,8 @@ from contextlib import ExitStack
 from pathlib import Path
 from typing import Any
 
+from app.engine.int8_class import this_cpu
+from app.engine.quantize import plain_recipe
 from benchmarks import wrk
 from benchmarks.common import machine, machine_markdown, median, table, write_results
 from benchmarks.compare import server_env, variants
@@ -68,9 +72,21 @@ def offline(
 def prepare_artifacts(model: str, batch_size: int, configs: dict[str, dict[str, str]]) -> None:
     """Export and quantize once, so that every round starts from finished artefacts."""
     for name, settings in configs.items():
-        if settings.get("BATCHSERVE_BACKEND", "torch") != "torch":
-            print(f"preparing {name}", flush=True)
-            offline(model, batch_size, 0.2, settings)
+        backend = settings.get("BATCHSERVE_BACKEND", "torch")
+        if backend == "torch":
+            continue
+        print(f"preparing {name}", flush=True)
+        if settings.get("BATCHSERVE_PRECISION") == "int8":
+            recipe = plain_recipe(backend, this_cpu())
+            quantized = subprocess.run(
+                [sys.executable, "-m", "app.quantize", "--recipe", recipe, "--calibration",
+                 settings["BATCHSERVE_CALIBRATION_DIR"]],
+                env={**os.environ, **settings, "BATCHSERVE_MODEL": model},
+                capture_output=True, text=True,
+            )  # fmt: skip
+            if quantized.returncode not in (0, 1):  # 1: built, and its gate failed
+                raise RuntimeError(f"app.quantize failed:\n{quantized.stderr[-3000:]}")
+        offline(model, batch_size, 0.2, settings)
 
 
 def run(args: argparse.Namespace) -> dict[str, Any]:
@@ -139,6 +155,7 @@ def markdown(data: dict[str, Any]) -> str:
     )  # fmt: skip
     return f"""# Backends side by side: {data["model"]}, batch {data["batch_size"]}
 
+CPU INT8 class: **{data["machine"].get("int8_class")}**.
 `python -m benchmarks.backends --model {data["model"]}`: medians of {data["rounds"]} rounds
 of {data["seconds"]} s per measure, fresh processes every round; wrk closed loop on the same
 machine. {note}

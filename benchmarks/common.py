@@ -37,6 +37,9 @@ def machine() -> dict[str, Any]:
         info["cuda"] = torch.cuda.get_device_name(0) if torch.cuda.is_available() else None
     except ImportError:
         pass
+    from app.engine.int8_class import this_cpu
+
+    info["int8_class"] = this_cpu().name
     with contextlib.suppress(OSError, subprocess.CalledProcessError):
         info["commit"] = subprocess.run(
             ["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True, check=True
@@ -68,7 +71,8 @@ def percentile(values: Sequence[float], q: float) -> float:
 
 
 def machine_markdown(info: dict[str, Any]) -> str:
-    keys = ("date", "cpu", "cpus", "cpu_capability", "native_bf16", "torch_threads", "cuda",
+    keys = ("date", "cpu", "cpus", "cpu_capability", "int8_class", "native_bf16",
+            "torch_threads", "cuda",
             "python", "torch", "torchvision", "platform", "commit")  # fmt: skip
     return "\n".join(f"- {key}: {info[key]}" for key in keys if key in info)
 

@@ -105,3 +105,44 @@ class TracesDifferently(ColorClassifier):
         logits = super().forward(x)
         tracing = torch.jit.is_tracing()  # type: ignore[attr-defined,no-untyped-call]
         return logits * 3 if tracing else logits
+
+
+class ConvColorClassifier(nn.Module):
+    """The colour classifier behind a small convolutional stem, so that INT8 has real
+    convolutions to run (and runs faster than fp32, as on real models).
+
+    The stem's fixed filters are local averages of each colour channel with both signs, so
+    that after the ReLU the features still carry the colours, and the next layers sum them in
+    fixed positive combinations: the answers stay input-dependent and mostly confident.
+    """
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.stem = nn.Conv2d(3, 32, 3, stride=2, padding=1, bias=False)
+        self.mix = nn.Sequential(
+            nn.Conv2d(32, 64, 3, stride=2, padding=1, bias=False), nn.ReLU(),
+            nn.Conv2d(64, 64, 3, stride=2, padding=1, bias=False), nn.ReLU(),
+        )  # fmt: skip
+        self.pool = nn.AdaptiveAvgPool2d(2)
+        self.head = nn.Linear(64 * 4, NUM_COLOR_CLASSES)
+        generator = torch.Generator().manual_seed(4321)
+        with torch.no_grad():
+            self.stem.weight.zero_()
+            for out in range(32):
+                sign = 1.0 if (out // 3) % 2 == 0 else -1.0
+                self.stem.weight[out, out % 3] = sign * (1 + out // 6) / 9
+            for layer in (self.mix[0], self.mix[2]):
+                assert isinstance(layer, nn.Conv2d)
+                fan_in = layer.in_channels * 9
+                layer.weight.copy_(torch.rand(layer.weight.shape, generator=generator) * 2 / fan_in)
+            self.head.weight.copy_(torch.randn(NUM_COLOR_CLASSES, 64 * 4, generator=generator))
+            self.head.bias.zero_()
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        features = self.mix(torch.relu(self.stem(x)))
+        logits: torch.Tensor = self.head(torch.flatten(self.pool(features), 1))
+        return logits
+
+
+def conv_color_classifier() -> nn.Module:
+    return ConvColorClassifier()

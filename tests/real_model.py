@@ -39,24 +39,46 @@ def _jpeg(array: np.ndarray[Any, Any]) -> bytes:
     return buffer.getvalue()
 
 
+def _png(path: Path) -> bytes:
+    return _jpeg(np.asarray(Image.open(path).convert("RGB")))
+
+
 @functools.cache
 def photos() -> dict[str, bytes]:
-    """Named photos: what an ImageNet model should call each is in ``EXPECTED``."""
+    """Twenty named photographs (colour and greyscale: a cat, espresso, a rocket, faces,
+    landscapes, textures, a telescope's and a microscope's views), as JPEG: what an ImageNet
+    model should call three of them is in ``EXPECTED``."""
     import matplotlib.cbook
+    import skimage
     from sklearn.datasets import load_sample_image
 
     skimage_data: Any = importlib.import_module("skimage.data")  # untyped
+    bundled = Path(skimage.__file__).parent / "data"
 
-    sample = matplotlib.cbook.get_sample_data("grace_hopper.jpg", asfileobj=False)
-    hopper = Path(sample).read_bytes()
+    def sample(name: str) -> Path:
+        return Path(matplotlib.cbook.get_sample_data(name, asfileobj=False))
+
     return {
         "chelsea": _jpeg(skimage_data.chelsea()),
         "coffee": _jpeg(skimage_data.coffee()),
         "rocket": _jpeg(skimage_data.rocket()),
         "astronaut": _jpeg(skimage_data.astronaut()),
-        "grace_hopper": hopper,
+        "grace_hopper": sample("grace_hopper.jpg").read_bytes(),
         "china": _jpeg(load_sample_image("china.jpg")),
         "flower": _jpeg(load_sample_image("flower.jpg")),
+        "present": _png(sample("Minduka_Present_Blue_Pack.png")),
+        "motorcycle": _png(bundled / "motorcycle_left.png"),
+        "hubble": (bundled / "hubble_deep_field.jpg").read_bytes(),
+        "retina": (bundled / "retina.jpg").read_bytes(),
+        "ihc": _png(bundled / "ihc.png"),
+        "camera": _png(bundled / "camera.png"),
+        "brick": _png(bundled / "brick.png"),
+        "grass": _png(bundled / "grass.png"),
+        "gravel": _png(bundled / "gravel.png"),
+        "coins": _png(bundled / "coins.png"),
+        "moon": _png(bundled / "moon.png"),
+        "clock": _png(bundled / "clock_motion.png"),
+        "cell": _png(bundled / "cell.png"),
     }
 
 

@@ -1,7 +1,8 @@
 """A real ImageNet model (efficientnet-lite0) served on every backend and precision: a cat
 stays a cat, espresso stays espresso, in fp32 on PyTorch, ONNX Runtime and OpenVINO (the same
-top class), and in INT8 on both runtimes once the accuracy gate passed (among the top three:
-INT8 may swap near-equal classes such as tabby and Egyptian cat)."""
+top class), and in INT8 on both runtimes once the accuracy gate passed on this CPU, with the
+recipe its INT8 arithmetic needs (among the top three: INT8 may swap near-equal classes such as
+tabby and Egyptian cat). And the gate refuses an INT8 model that really is worse."""
 
 from __future__ import annotations
 
@@ -9,6 +10,13 @@ from pathlib import Path
 
 import pytest
 
+from app.engine import build_engine
+from app.engine.artifacts import REPORT, read_json
+from app.engine.errors import UngatedModelError
+from app.engine.factory import load_configured_model
+from app.engine.int8_class import this_cpu
+from app.engine.quantize import build_int8
+from tests import images
 from tests.conftest import make_settings, serve
 from tests.real_model import EXPECTED, FACTORY, photos, write_labels
 
@@ -54,3 +62,36 @@ async def test_the_photos_keep_their_names(
     assert (model["backend"]["name"], model["precision"]) == (backend, precision)
     if backend != "torch":
         assert model["check"]["passed"]
+    if precision == "int8":
+        gate = model["backend"]["int8_gate"]
+        assert gate["passed"]
+        assert gate["cpu_int8_class"] == this_cpu().name
+        assert gate["images"] == 10 * 6  # ten held-out photos of twenty, and their variants
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("backend", ["onnxruntime", "openvino"])
+def test_the_gate_refuses_a_model_that_really_is_worse(
+    shared: dict[str, Path], tmp_path: Path, backend: str
+) -> None:
+    """Calibrated on three flat grey pictures, the activation ranges are far too narrow for
+    photos: on any CPU the gate must refuse it (a gate that always passes fails here)."""
+    flat = tmp_path / "flat"
+    flat.mkdir()
+    for shade in (90, 128, 170):
+        (flat / f"{shade}.jpg").write_bytes(images.jpeg(images.solid((shade,) * 3, 320, 240)))
+    settings = make_settings(
+        model=FACTORY, weights="auto", labels=shared["labels"], backend=backend,
+        precision="int8", artifacts_dir=tmp_path / "artifacts",
+    )  # fmt: skip
+    plain = ("qdq" if backend == "onnxruntime" else "nncf") + (
+        "-w7" if this_cpu().saturates else "-w8"
+    )
+    path = build_int8(settings, load_configured_model(settings), flat, shared["photos"],
+                      recipe=plain)  # fmt: skip
+    report = read_json(path.parent / REPORT)
+    assert report is not None
+    assert not report["passed"]
+    assert report["plausible_top1"] < 0.5, report
+    with pytest.raises(UngatedModelError, match="did not pass its accuracy gate"):
+        build_engine(settings, settings.batch_config("cpu"))

@@ -61,19 +61,25 @@ def find(root: Path, key: ArtifactKey, filename: str) -> Path | None:
 
 
 @contextlib.contextmanager
-def building(root: Path, key: ArtifactKey) -> Iterator[Path]:
+def building(root: Path, key: ArtifactKey, *, replace: bool = False) -> Iterator[Path]:
     """A scratch directory to write an artefact into; renamed to its final place when the
     block ends without error, removed otherwise. If another process finished the same
-    artefact first, theirs is kept (the two are equivalent)."""
+    artefact first, theirs is kept (the two are equivalent), unless ``replace``: then the new
+    one takes the place of the old (a rebuild with other inputs)."""
     root.mkdir(parents=True, exist_ok=True)
     scratch = Path(tempfile.mkdtemp(prefix=f".{key.dirname}.", dir=root))
+    final = key.path(root)
     try:
         yield scratch
         (scratch / "key.json").write_text(json.dumps(key.__dict__, indent=2) + "\n")
+        if replace and final.is_dir():
+            old = Path(tempfile.mkdtemp(prefix=f".{key.dirname}.old.", dir=root))
+            final.rename(old / final.name)
+            shutil.rmtree(old, ignore_errors=True)
         try:
-            scratch.rename(key.path(root))
+            scratch.rename(final)
         except OSError:
-            if not key.path(root).is_dir():
+            if not final.is_dir():
                 raise
     finally:
         shutil.rmtree(scratch, ignore_errors=True)

@@ -9,7 +9,7 @@ from typing import Any
 
 import torch
 
-from app.engine.artifacts import REPORT, ArtifactKey, building, find, read_json, weights_digest
+from app.engine.artifacts import REPORT, ArtifactKey, building, find, weights_digest
 from app.engine.backends import Backend, TorchBackend
 from app.engine.compile import resolve_compile
 from app.engine.device import precision_candidates, resolve_decode_device, resolve_device
@@ -23,7 +23,7 @@ from app.engine.export import (
     onnx_exporter,
     openvino_exporter,
 )
-from app.engine.gate import CHECK_BOUNDS, compare, judged, probabilities
+from app.engine.gate import CHECK_BOUNDS, compare, eager_reference, judged, probabilities
 from app.engine.loading import LoadedModel, load_model
 from app.engine.observer import EngineObserver
 from app.engine.precision import fastest
@@ -35,6 +35,7 @@ from preprocessing import ImageLimits
 logger = logging.getLogger("batchserve")
 
 QDQ = "-qdq"  # INT8 ONNX artefacts: static quantisation with QuantizeLinear/DequantizeLinear
+NNCF = "-nncf"  # INT8 OpenVINO artefacts: NNCF's post-training quantization of the fp32 IR
 
 
 def load_configured_model(settings: Settings) -> LoadedModel:
@@ -155,7 +156,7 @@ def ensure_onnx(root: Path, loaded: LoadedModel) -> Path:
 def int8_key(loaded: LoadedModel, backend: str) -> ArtifactKey:
     exporter = onnx_exporter() + QDQ
     if backend == "openvino":
-        exporter = f"{openvino_exporter()}{QDQ}"
+        exporter = f"{openvino_exporter()}{NNCF}"
     return artifact_key(loaded, "int8", exporter)
 
 
@@ -172,14 +173,15 @@ def ensure_openvino(root: Path, loaded: LoadedModel, precision: str) -> Path:
     return path
 
 
-def gated_int8(settings: Settings, loaded: LoadedModel) -> Path:
-    """The INT8 artefact for this backend, only if its stored accuracy report passed."""
+def gated_int8(settings: Settings, loaded: LoadedModel) -> tuple[Path, dict[str, Any]]:
+    """The INT8 artefact for this backend, only if its accuracy report holds here (see
+    ``int8_report``), with what ``/v1/models`` shows of the report."""
+    from app.engine.quantize import build_int8, judge_stored
+
     filename = OPENVINO_FILE if settings.backend == "openvino" else ONNX_FILE
     key = int8_key(loaded, settings.backend)
     path = find(settings.artifacts_dir, key, filename)
-    if path is None and settings.calibration_dir is not None:
-        from app.engine.quantize import build_int8
-
+    if settings.calibration_dir is not None:  # built now unless made from these images
         path = build_int8(settings, loaded, settings.calibration_dir)
     if path is None:
         raise UngatedModelError(
@@ -188,10 +190,10 @@ def gated_int8(settings: Settings, loaded: LoadedModel) -> Path:
             f"or set CALIBRATION_DIR to build it at start-up"
         )
     report_path = path.parent / REPORT
-    report = read_json(report_path)
-    if report is not None and report.get("passed") is True:
-        return path
-    why = "; ".join(report.get("failures", [])) if report else "no readable report"
+    summary = judge_stored(settings, loaded, path)
+    if not summary["failures"]:
+        return path, summary
+    why = "; ".join(summary["failures"])
     if not settings.allow_ungated_int8:
         raise UngatedModelError(
             f"the INT8 model {path} did not pass its accuracy gate ({why}); see {report_path}. "
@@ -202,7 +204,7 @@ def gated_int8(settings: Settings, loaded: LoadedModel) -> Path:
         "ALLOW_UNGATED_INT8=true. Its answers may be wrong.\n%s",
         "!" * 78, why, report_path, "!" * 78,
     )  # fmt: skip
-    return path
+    return path, summary
 
 
 def runtime_backend(
@@ -214,21 +216,29 @@ def runtime_backend(
     if settings.backend == "onnxruntime":
         from app.engine.backends.onnx_runtime import OnnxRuntimeBackend
 
-        path = gated_int8(settings, loaded) if precision == "int8" else ensure_onnx(root, loaded)
-        return OnnxRuntimeBackend(
+        gate = None
+        if precision == "int8":
+            path, gate = gated_int8(settings, loaded)
+        else:
+            path = ensure_onnx(root, loaded)
+        backend: Backend = OnnxRuntimeBackend(
             path, device, precision=precision, threads=settings.intra_op_threads,
             classes=classes,
         )  # fmt: skip
-    from app.engine.backends.openvino_runtime import OpenVinoBackend
-
-    if precision == "int8":
-        path = gated_int8(settings, loaded)
     else:
-        path = ensure_openvino(root, loaded, "fp32")
-    return OpenVinoBackend(
-        path, precision=precision, threads=settings.intra_op_threads,
-        concurrent_batches=config.max_inflight_batches,
-    )  # fmt: skip
+        from app.engine.backends.openvino_runtime import OpenVinoBackend
+
+        gate = None
+        if precision == "int8":
+            path, gate = gated_int8(settings, loaded)
+        else:
+            path = ensure_openvino(root, loaded, "fp32")
+        backend = OpenVinoBackend(
+            path, precision=precision, threads=settings.intra_op_threads,
+            concurrent_batches=config.max_inflight_batches,
+        )  # fmt: skip
+    backend.int8_gate = gate
+    return backend
 
 
 # -- the start-up check -------------------------------------------------------------------
@@ -239,12 +249,7 @@ def startup_check(
 ) -> dict[str, Any]:
     """Compare the engine with eager fp32 PyTorch on the warm-up images; raise outside the
     tolerance of the engine's precision (no fallback: the operator asked for this backend)."""
-    reference_engine = InferenceEngine(
-        loaded,
-        TorchBackend(reference_module, torch.device("cpu"), torch.float32, input_shape(loaded)),
-        max_batch_size=8,
-        max_inflight_batches=1,
-    )
+    reference_engine = eager_reference(loaded, reference_module)
     images = list(warmup_images())
     report = judged(
         compare(probabilities(reference_engine, images), probabilities(engine, images)),

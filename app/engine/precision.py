@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import logging
+import statistics
 import time
 from collections.abc import Callable, Sequence
 
@@ -33,6 +34,18 @@ def images_per_second(backend: Backend, input_shape: tuple[int, int, int], rows:
             if attempt:
                 best = min(best, time.perf_counter() - started)
     return rows / best
+
+
+def side_by_side(
+    first: Backend, second: Backend, input_shape: tuple[int, int, int], rows: int, rounds: int = 3
+) -> tuple[float, float]:
+    """Both backends' forward rates, measured in turn ``rounds`` times (the median of each), so
+    that a change in the machine's load touches both alike."""
+    rates: tuple[list[float], list[float]] = ([], [])
+    for _ in range(rounds):
+        for backend, measured in zip((first, second), rates, strict=True):
+            measured.append(images_per_second(backend, input_shape, rows))
+    return statistics.median(rates[0]), statistics.median(rates[1])
 
 
 def fastest(

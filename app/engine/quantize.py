@@ -1,43 +1,61 @@
-"""Static INT8: calibrated on real images through the server's own preprocessing, then judged.
+"""Static INT8: calibrated on real images through the server's own preprocessing, with the
+recipe this CPU needs, then judged on images calibration never saw.
 
-ONNX Runtime's ``quantize_static`` makes a QDQ model (per-channel INT8 weights, UINT8
-activations, the layout x86 VNNI kernels run fastest), calibrated with MinMax on the given
-images decoded, resized, cropped and normalised exactly as requests are. OpenVINO runs the same
-QDQ model as INT8 once converted to IR. Each INT8 artefact is then compared with eager fp32
-PyTorch by the accuracy gate (``gate.py``) on the gate images (by default the calibration
-photos themselves and variants of them the calibration never saw: crops, flips, colour
-changes, recompression), and the report is stored beside it. Only a passing report lets it
-serve.
+The images under the calibration folder are split in name order: every other photo calibrates
+(with crops of it), the rest are held out for the accuracy gate (with variants of each: a
+crop, a mirror image, brighter and duller colours, a harsh JPEG); ``--gate DIR`` gives the gate
+its own photos instead. Below ``INT8_GATE_MIN_IMAGES`` gate images the gate refuses to judge.
+
+The recipes follow the CPU's INT8 class (``int8_class.py``) and the runtime (ONNX Runtime:
+``quantize_onnx.py``, OpenVINO: ``quantize_openvino.py``) and are tried in order until one
+passes the gate against eager fp32 PyTorch. Each is timed against fp32 on the same runtime: one
+that passes but runs slower than fp32 is not served, and then none after it (keeping more
+layers in fp32 only makes it slower). The report lists every recipe tried with its figures,
+and is bound to what it judged (``int8_report.py``); the gate images are stored beside the
+model, so that a start-up that cannot believe the report can judge the model again.
 """
 
 from __future__ import annotations
 
-import copy
+import hashlib
 import io
 import logging
 import random
+import shutil
 from collections.abc import Iterator, Sequence
+from dataclasses import asdict, dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, Protocol
 
 import numpy as np
 import torch
 from PIL import Image, ImageEnhance, ImageOps
 
-from app.engine.artifacts import REPORT, building, find, write_json
-from app.engine.backends import Backend, TorchBackend
-from app.engine.engine import InferenceEngine
-from app.engine.errors import MissingExtraError, StartupError
-from app.engine.export import INPUT_NAME, ONNX_FILE, OPENVINO_FILE, convert_to_openvino
-from app.engine.factory import ensure_onnx, input_shape, int8_key
-from app.engine.gate import INT8_GATE, compare, judged, probabilities
+from app.engine.artifacts import REPORT, building, find, read_json, write_json
+from app.engine.backends import Backend
+from app.engine.errors import StartupError
+from app.engine.export import ONNX_FILE, OPENVINO_FILE
+from app.engine.factory import ensure_onnx, ensure_openvino, input_shape, int8_key, loaded_digest
+from app.engine.gate import Bounds, compare, eager_reference, engine_for, judged, probabilities
+from app.engine.int8_class import Int8Class, this_cpu
+from app.engine.int8_report import (
+    GATE_IMAGES,
+    artifact_digest,
+    binding,
+    int8_bounds,
+    int8_failures,
+    reasons_to_rejudge,
+)
 from app.engine.loading import LoadedModel
+from app.engine.precision import side_by_side
 from app.settings import Settings
 from preprocessing import ImageLimits, normalize_into, prepare
 
 logger = logging.getLogger("batchserve")
 
 IMAGE_SUFFIXES = {".jpg", ".jpeg", ".png", ".webp", ".bmp", ".gif"}
+CROPS_PER_CALIBRATION_PHOTO = 3
+SPEED_BATCH = 8
 
 
 def load_images(folder: Path, limit: int | None = None) -> list[bytes]:
@@ -83,9 +101,23 @@ def gate_images(photos: Sequence[bytes]) -> list[bytes]:
     return images
 
 
+def calibration_images(photos: Sequence[bytes]) -> list[bytes]:
+    """The photos and crops of them."""
+    return list(photos) + [
+        variants(data, 1000 + 10 * index + crop)[0]
+        for index, data in enumerate(photos)
+        for crop in range(CROPS_PER_CALIBRATION_PHOTO)
+    ]
+
+
+def split(photos: Sequence[bytes]) -> tuple[list[bytes], list[bytes]]:
+    """Calibration and gate photos: alternately, in name order."""
+    return list(photos[0::2]), list(photos[1::2])
+
+
 def calibration_batches(
     loaded: LoadedModel, images: Sequence[bytes], batch_size: int = 1
-) -> Iterator[dict[str, np.ndarray[Any, Any]]]:
+) -> Iterator[np.ndarray[Any, Any]]:
     """Model inputs as the server makes them: decoded, resized, cropped, normalised (one image
     per batch by default: histogram calibrators need every batch the same shape)."""
     transform = loaded.transform
@@ -96,128 +128,303 @@ def calibration_batches(
         ]
         batch = torch.empty((len(crops), *input_shape(loaded)), dtype=torch.float32)
         normalize_into([crop for crop in crops if crop is not None], batch, transform)
-        yield {INPUT_NAME: batch.numpy()}
+        yield batch.numpy()
 
 
-def quantize_onnx(
-    fp32: Path, int8: Path, batches: Iterator[dict[str, np.ndarray[Any, Any]]]
-) -> None:
-    try:
-        from onnxruntime.quantization import (
-            CalibrationDataReader,
-            CalibrationMethod,
-            QuantFormat,
-            QuantType,
-            quantize_static,
-        )
-        from onnxruntime.quantization.shape_inference import quant_pre_process
-    except ImportError as exc:
-        raise MissingExtraError("INT8 quantisation", "onnx", exc) from None
-
-    class Reader(CalibrationDataReader):  # type: ignore[misc]
-        def get_next(self) -> dict[str, np.ndarray[Any, Any]] | None:
-            return next(batches, None)
-
-    prepared = int8.with_name("prepared.onnx")
-    quant_pre_process(str(fp32), str(prepared), skip_symbolic_shape=True)
-    quantize_static(
-        str(prepared),
-        str(int8),
-        Reader(),
-        quant_format=QuantFormat.QDQ,
-        per_channel=True,
-        activation_type=QuantType.QUInt8,
-        weight_type=QuantType.QInt8,
-        calibrate_method=CalibrationMethod.MinMax,
-    )
-    prepared.unlink()
+def _digest(images: Sequence[bytes]) -> str:
+    digest = hashlib.sha256()
+    for data in images:
+        digest.update(hashlib.sha256(data).digest())
+    return digest.hexdigest()
 
 
-def gate_report(
-    settings: Settings, loaded: LoadedModel, backend: Backend, images: Sequence[bytes],
-    calibration: int,
-) -> dict[str, Any]:  # fmt: skip
-    """The accuracy gate: the INT8 backend against eager fp32 PyTorch, through the whole path."""
-    shape = input_shape(loaded)
-    reference = InferenceEngine(
-        loaded,
-        TorchBackend(
-            copy.deepcopy(loaded.module).float(), torch.device("cpu"), torch.float32, shape
-        ),
-        max_batch_size=8,
-        max_inflight_batches=1,
-    )
-    candidate = InferenceEngine(loaded, backend, max_batch_size=8, max_inflight_batches=1)
-    report = judged(compare(probabilities(reference, images), probabilities(candidate, images)),
-                    INT8_GATE)  # fmt: skip
-    report |= {
-        "model": loaded.name,
-        "weights": loaded.weights,
-        "backend": backend.name,
-        "reference": "eager PyTorch fp32",
-        "calibration_images": calibration,
-        "gate_images": len(images),
-    }
-    return report
+class Quantizer(Protocol):
+    def build(self, recipe: str, out: Path) -> None: ...
+
+
+class _Runtime:
+    """What differs between the runtimes: the artefact's file, the backend that runs it, the
+    fp32 artefact and quantizer for this model, and the recipes in order."""
+
+    def __init__(self, settings: Settings, loaded: LoadedModel, work: Path) -> None:
+        self.name = settings.backend
+        self.threads = settings.intra_op_threads
+        self.loaded = loaded
+        self.file = OPENVINO_FILE if self.name == "openvino" else ONNX_FILE
+        self.work = work
+
+    def backend(self, path: Path) -> Backend:
+        if self.name == "openvino":
+            from app.engine.backends.openvino_runtime import OpenVinoBackend
+
+            return OpenVinoBackend(path, precision="int8", threads=self.threads,
+                                   concurrent_batches=1)  # fmt: skip
+        from app.engine.backends.onnx_runtime import OnnxRuntimeBackend
+
+        classes = len(self.loaded.labels)
+        return OnnxRuntimeBackend(path, torch.device("cpu"), precision="int8",
+                                  threads=self.threads, classes=classes)  # fmt: skip
+
+    def fp32_backend(self, root: Path) -> tuple[Backend, Path]:
+        loaded = self.loaded
+        if self.name == "openvino":
+            from app.engine.backends.openvino_runtime import OpenVinoBackend
+
+            path = ensure_openvino(root, loaded, "fp32")
+            backend: Backend = OpenVinoBackend(path, precision="fp32", threads=self.threads,
+                                               concurrent_batches=1)  # fmt: skip
+            return backend, path
+        from app.engine.backends.onnx_runtime import OnnxRuntimeBackend
+
+        path = ensure_onnx(root, loaded)
+        backend = OnnxRuntimeBackend(path, torch.device("cpu"), precision="fp32",
+                                     threads=self.threads, classes=len(loaded.labels))  # fmt: skip
+        return backend, path
+
+    def quantizer(
+        self,
+        fp32: Path,
+        inputs: list[np.ndarray[Any, Any]],
+        reference: torch.Tensor,
+        saturates: bool,
+    ) -> tuple[Quantizer, list[str]]:
+        if self.name == "openvino":
+            from app.engine import quantize_openvino as ov
+
+            expected = [row.numpy() for row in reference]
+            return ov.OpenVinoQuantizer(fp32, inputs, expected), ov.recipe_order(saturates)
+        from app.engine import quantize_onnx as ort
+
+        onnx_quantizer = ort.OnnxQuantizer(fp32, inputs, self.work)
+        order = ort.recipe_order(saturates, len(onnx_quantizer.quantizable_layers()))
+        return onnx_quantizer, order
+
+
+@dataclass(frozen=True)
+class ImageSets:
+    """What calibrates and what judges, kept apart."""
+
+    calibration_photos: int
+    calibration: list[bytes]
+    gate_photos: int
+    gate: list[bytes]
+
+    @classmethod
+    def from_folders(cls, settings: Settings, calibration: Path, gate: Path | None) -> ImageSets:
+        photos = load_images(calibration)
+        if gate is None:
+            calibration_photos, gate_photos = split(photos)
+        else:
+            calibration_photos, gate_photos = photos, load_images(gate)
+        judged_on = gate_images(gate_photos)
+        if len(judged_on) < settings.int8_gate_min_images:
+            raise StartupError(
+                f"the INT8 gate needs at least {settings.int8_gate_min_images} images "
+                f"(INT8_GATE_MIN_IMAGES) and would have {len(judged_on)}: {len(gate_photos)} "
+                f"held-out photos and {len(judged_on) - len(gate_photos)} variants of them. "
+                f"Give the calibration folder more photos (every other one is held out for "
+                f"the gate), or the gate its own with --gate DIR"
+            )
+        return cls(len(calibration_photos), calibration_images(calibration_photos),
+                   len(gate_photos), judged_on)  # fmt: skip
+
+    def describe(self) -> dict[str, Any]:
+        return {
+            "calibration_images": len(self.calibration),
+            "calibration_photos": self.calibration_photos,
+            "calibration_digest": _digest(self.calibration),
+            "gate_images": len(self.gate),
+            "gate_photos": self.gate_photos,
+            "gate_digest": _digest(self.gate),
+        }
 
 
 def build_int8(
-    settings: Settings, loaded: LoadedModel, calibration: Path, gate: Path | None = None
+    settings: Settings,
+    loaded: LoadedModel,
+    calibration: Path,
+    gate: Path | None = None,
+    *,
+    recipe: str | None = None,
+    rebuild: bool = False,
+    target: Int8Class | None = None,
 ) -> Path:
-    """Make (or find) the INT8 artefact for ``settings.backend``, with its gate report."""
-    from app.engine.backends.onnx_runtime import OnnxRuntimeBackend
+    """Make the INT8 artefact for ``settings.backend`` with its gate report. One made from the
+    same images (and recipe, if one is named) is reused unless ``rebuild``; one made from
+    others is replaced. ``recipe`` tries that recipe alone instead of the CPU's order;
+    ``target`` takes the recipes of another CPU class (the gate still judges on this CPU, and
+    the target's start-up judges again on its own)."""
+    root = settings.artifacts_dir
+    key = int8_key(loaded, settings.backend)
+    runtime_file = OPENVINO_FILE if settings.backend == "openvino" else ONNX_FILE
+    if recipe is not None and not is_recipe(settings.backend, recipe):
+        raise StartupError(
+            f"{settings.backend} has no INT8 recipe {recipe!r}: "
+            f"{RECIPE_FORMS.get(settings.backend, 'none')}"
+        )
+    sets = ImageSets.from_folders(settings, calibration, gate)
+    described = sets.describe()
+    existing = find(root, key, runtime_file)
+    if existing is not None and not rebuild:
+        made = read_json(existing.parent / REPORT) or {}
+        same = all(made.get(name) == described[name] for name in ("calibration_digest",
+                                                                   "gate_digest"))  # fmt: skip
+        if same and recipe in (None, made.get("recipe")):
+            return existing
+    judged_on = sets.gate
+    bounds = int8_bounds(settings)
 
-    root, threads = settings.artifacts_dir, settings.intra_op_threads
-    photos = load_images(calibration)
-    # Calibrate on the photos and crops of them; judge on the photos and other views of them.
-    calibration_set = list(photos) + [
-        variants(data, 1000 + 10 * index + crop)[0]
-        for index, data in enumerate(photos)
-        for crop in range(3)
-    ]
-    judged_on = gate_images(load_images(gate) if gate is not None else photos)
-    classes = len(loaded.labels)
-
-    key = int8_key(loaded, "onnxruntime")
-    path = find(root, key, ONNX_FILE)
-    if path is None:
-        fp32 = ensure_onnx(root, loaded)
-        with building(root, key) as scratch:
-            quantize_onnx(fp32, scratch / ONNX_FILE, calibration_batches(loaded, calibration_set))
-            onnx_backend = OnnxRuntimeBackend(
-                scratch / ONNX_FILE, torch.device("cpu"), precision="int8", threads=threads,
-                classes=classes,
-            )  # fmt: skip
-            report = gate_report(settings, loaded, onnx_backend, judged_on, len(calibration_set))
-            write_json(scratch / REPORT, report)
-            _log(report, key.path(root) / REPORT)
-        path = key.path(root) / ONNX_FILE
-    if settings.backend != "openvino":
-        return path
-
-    from app.engine.backends.openvino_runtime import OpenVinoBackend
-
-    ov_key = int8_key(loaded, "openvino")
-    ov_path = find(root, ov_key, OPENVINO_FILE)
-    if ov_path is None:
-        with building(root, ov_key) as scratch:
-            convert_to_openvino(path, scratch / OPENVINO_FILE)
-            ov_backend = OpenVinoBackend(
-                scratch / OPENVINO_FILE, precision="int8", threads=threads, concurrent_batches=1
+    with building(root, key, replace=True) as scratch:
+        work = scratch / "work"
+        work.mkdir()
+        runtime = _Runtime(settings, loaded, work)
+        fp32_backend, fp32_path = runtime.fp32_backend(root)
+        reference_engine = eager_reference(loaded)
+        reference = probabilities(reference_engine, judged_on)
+        inputs = list(calibration_batches(loaded, sets.calibration))
+        calibration_reference = probabilities(reference_engine, sets.calibration)
+        target = target or this_cpu()
+        quantizer, order = runtime.quantizer(
+            fp32_path, inputs, calibration_reference, target.saturates
+        )
+        tried: list[dict[str, Any]] = []
+        chosen: tuple[Path, dict[str, Any]] | None = None
+        for name in [recipe] if recipe else order:
+            candidate = work / name / runtime.file
+            candidate.parent.mkdir()
+            quantizer.build(name, candidate)
+            backend = runtime.backend(candidate)
+            figures = judged(
+                compare(reference, probabilities(engine_for(loaded, backend), judged_on)), bounds
             )
-            report = gate_report(settings, loaded, ov_backend, judged_on, len(calibration_set))
-            write_json(scratch / REPORT, report)
-            _log(report, ov_key.path(root) / REPORT)
-        ov_path = ov_key.path(root) / OPENVINO_FILE
-    return ov_path
+            fp32_rate, rate = side_by_side(fp32_backend, backend, input_shape(loaded),
+                                           SPEED_BATCH)  # fmt: skip
+            figures |= {"recipe": name, "images_per_second": rate,
+                        "fp32_images_per_second": fp32_rate}  # fmt: skip
+            figures["failures"] = int8_failures(figures, bounds)
+            figures["passed"] = not figures["failures"]
+            tried.append(figures)
+            logger.info("INT8 recipe %s: %s", name, _summary(figures))
+            if chosen is None or figures["passed"]:
+                chosen = (candidate, figures)  # the first is kept when none passes
+            if figures["passed"] or rate < fp32_rate:
+                break  # later recipes keep more layers in fp32: they would only run slower
+        assert chosen is not None
+        path, figures = chosen
+        for part in path.parent.iterdir():
+            part.rename(scratch / part.name)
+        shutil.rmtree(work)
+        stored = scratch / GATE_IMAGES
+        stored.mkdir()
+        for index, data in enumerate(judged_on):
+            (stored / f"{index:04d}").write_bytes(data)
+        report = {
+            **binding(loaded, loaded_digest(loaded), scratch / runtime.file, settings.backend),
+            **figures,
+            "backend": settings.backend,
+            "weights": loaded.weights,
+            "reference": "eager PyTorch fp32",
+            "cpu": this_cpu().describe(),
+            "recipes_for": target.name,
+            "recipes": tried,
+            **described,
+        }
+        write_json(scratch / REPORT, report)
+    final = key.path(root)
+    _log(report, final / REPORT)
+    return final / runtime.file
+
+
+def is_recipe(backend: str, name: str) -> bool:
+    if backend == "openvino":
+        from app.engine.quantize_openvino import parse_recipe as parse_openvino
+
+        return parse_openvino(name) is not None
+    from app.engine.quantize_onnx import parse_recipe as parse_onnx
+
+    return parse_onnx(name) is not None
+
+
+def plain_recipe(backend: str, cpu: Int8Class) -> str:
+    """The first recipe a CPU of this class tries: the fastest INT8 model it can run."""
+    prefix = "nncf" if backend == "openvino" else "qdq"
+    return f"{prefix}-w{7 if cpu.saturates else 8}"
+
+
+RECIPE_FORMS = {
+    "onnxruntime": "qdq-w8, qdq-w7, qdq-w8-fp32xN or qdq-w7-fp32xN",
+    "openvino": "nncf-w8, nncf-w7, nncf-w8-accuracy-control or nncf-w7-accuracy-control",
+}
+
+
+def judge_stored(settings: Settings, loaded: LoadedModel, path: Path) -> dict[str, Any]:
+    """The verdict on the INT8 artefact at ``path`` under this start-up's settings: from its
+    report's figures when they are bound to what is served here, else from the gate run
+    again on the held-out images stored beside it. What ``/v1/models`` shows of it."""
+    bounds = int8_bounds(settings)
+    report = read_json(path.parent / REPORT)
+    bound_to = binding(loaded, loaded_digest(loaded), path, settings.backend)
+    reasons = reasons_to_rejudge(report, bound_to, bounds)
+    if report is not None and not reasons:
+        figures = report
+    else:
+        logger.warning("judging the INT8 model %s again: %s", path, "; ".join(reasons))
+        figures = _rejudge(settings, loaded, path, bounds, report)
+    summary = {key: figures.get(key) for key in _SHOWN}
+    summary |= {"failures": int8_failures(figures, bounds), "judged_again": bool(reasons),
+                "bounds": asdict(bounds), "cpu_int8_class": this_cpu().name}  # fmt: skip
+    summary["passed"] = not summary["failures"]
+    return summary
+
+
+_SHOWN = (
+    "recipe", "confident_top1_agreement", "plausible_top1", "mean_total_variation",
+    "max_probability_difference", "top1_agreement", "top5_overlap", "images",
+    "images_per_second", "fp32_images_per_second",
+)  # fmt: skip
+
+
+def _rejudge(
+    settings: Settings,
+    loaded: LoadedModel,
+    path: Path,
+    bounds: Bounds,
+    report: dict[str, Any] | None,
+) -> dict[str, Any]:
+    stored = path.parent / GATE_IMAGES
+    images = [item.read_bytes() for item in sorted(stored.iterdir())] if stored.is_dir() else []
+    if len(images) < settings.int8_gate_min_images:
+        return {"failures": [
+            f"its report cannot be used here and {len(images)} held-out images are stored "
+            f"beside it (INT8_GATE_MIN_IMAGES={settings.int8_gate_min_images}): build it again "
+            f"with `python -m app.quantize --calibration DIR`"
+        ]}  # fmt: skip
+    backend = _Runtime(settings, loaded, path.parent).backend(path)
+    reference = probabilities(eager_reference(loaded), images)
+    figures = compare(reference, probabilities(engine_for(loaded, backend), images))
+    # The speed measured when it was built, if the report is this artefact's.
+    if report is not None and report.get("artifact_sha256") == artifact_digest(path):
+        for key in ("recipe", "images_per_second", "fp32_images_per_second"):
+            figures[key] = report.get(key)
+    return figures
+
+
+def _summary(report: dict[str, Any]) -> str:
+    outcome = "PASSED" if report["passed"] else "FAILED (" + "; ".join(report["failures"]) + ")"
+    return (
+        f"{outcome}; confident top-1 agreement {report['confident_top1_agreement']:.3f}, "
+        f"plausible top-1 {report['plausible_top1']:.3f}, mean total variation "
+        f"{report['mean_total_variation']:.3f}, largest probability difference "
+        f"{report['max_probability_difference']:.3f} (top-1 agreement "
+        f"{report['top1_agreement']:.3f}, top-5 overlap {report['top5_overlap']:.3f}) on "
+        f"{report['images']} images; {report['images_per_second']:.1f} images/s against "
+        f"fp32's {report['fp32_images_per_second']:.1f}"
+    )
 
 
 def _log(report: dict[str, Any], where: Path) -> None:
-    outcome = "PASSED" if report["passed"] else "FAILED (" + "; ".join(report["failures"]) + ")"
     logger.warning(
-        "INT8 accuracy gate for %s on %s: %s; top-1 agreement %.3f, top-5 overlap %.3f, "
-        "largest probability difference %.3f on %d images; report: %s",
-        report["model"], report["backend"], outcome, report["top1_agreement"],
-        report["top5_overlap"], report["max_probability_difference"], report["gate_images"],
-        where,
+        "INT8 accuracy gate for %s on %s (CPU INT8 class %s), recipe %s: %s; report: %s",
+        report["model"], report["backend"], report["cpu_int8_class"], report["recipe"],
+        _summary(report), where,
     )  # fmt: skip

@@ -5,6 +5,7 @@ from __future__ import annotations
 from fastapi import APIRouter, Request
 from starlette.responses import Response
 
+from app.engine.int8_class import this_cpu
 from app.errors import NotReadyError
 from app.responses import json_response
 from app.schemas import ModelList
@@ -21,6 +22,7 @@ async def list_models(request: Request) -> Response:
         raise NotReadyError(server.lifecycle.reason, headers={"Retry-After": "1"})
     engine, batching, settings = serving.engine, serving.batcher.config, server.settings
     transform = engine.transform
+    cpu = this_cpu()
     info = {
         "name": engine.name,
         "weights": engine.weights,
@@ -29,6 +31,7 @@ async def list_models(request: Request) -> Response:
         "state": server.lifecycle.phase.value,
         "backend": engine.backend.describe(),
         "check": engine.check,
+        "cpu": {"int8_class": cpu.name, "int8_saturates": cpu.saturates},
         "input_shape": list(engine.input_shape),
         "resize_size": transform.resize_size,
         "num_classes": engine.num_classes,

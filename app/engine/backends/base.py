@@ -38,6 +38,8 @@ class Backend(ABC):
     serialized: bool = True
     # Images/s measured per candidate precision when PRECISION=auto had a choice to make.
     measured_rates: dict[str, float] | None = None
+    # An INT8 model's accuracy gate, as judged when it was chosen to serve.
+    int8_gate: dict[str, Any] | None = None
 
     @property
     def variant(self) -> str:
@@ -60,4 +62,6 @@ class Backend(ABC):
                                      "fixed_shapes": self.fixed_shapes}  # fmt: skip
         if self.measured_rates:
             described["measured_images_per_second"] = self.measured_rates
+        if self.int8_gate is not None:
+            described["int8_gate"] = self.int8_gate
         return described

@@ -1,0 +1,117 @@
+"""An INT8 model's accuracy report, and when it may be believed.
+
+The report stored beside an INT8 artefact holds the gate's figures and what they were measured
+on: the artefact's digest, the model's weights, the preprocessing, the CPU's INT8 class and the
+runtime's version. A start-up believes the figures only when all of that matches what it is
+about to serve, and judges them by the bounds in its own settings, never by the stored
+``passed`` alone. Anything else (the artefact was replaced, the report belongs to another
+model, the artefact moved to a CPU whose INT8 arithmetic differs, the runtime changed, or the
+settings ask for stricter bounds than those it was judged by) re-runs the gate on the
+held-out images stored beside the artefact before the model may serve.
+"""
+
+from __future__ import annotations
+
+import hashlib
+from pathlib import Path
+from typing import Any
+
+from app.engine.gate import Bounds, looser, verdict
+from app.engine.int8_class import this_cpu
+from app.engine.loading import LoadedModel
+from app.settings import Settings
+
+GATE_IMAGES = "gate"  # the folder of held-out images beside an INT8 artefact
+
+
+def artifact_digest(path: Path) -> str:
+    """sha256 of the model file (and of an OpenVINO IR's weights file beside it)."""
+    digest = hashlib.sha256()
+    for part in (path, path.with_suffix(".bin")):
+        if part == path or part.is_file():
+            with part.open("rb") as stream:
+                for block in iter(lambda: stream.read(1 << 20), b""):
+                    digest.update(block)
+    return digest.hexdigest()
+
+
+def preprocessing(loaded: LoadedModel) -> dict[str, Any]:
+    transform = loaded.transform
+    return {
+        "resize_size": transform.resize_size,
+        "crop_size": transform.crop_size,
+        "mean": list(transform.mean),
+        "std": list(transform.std),
+        "interpolation": transform.interpolation.value,
+    }
+
+
+def runtime_version(backend: str) -> str:
+    if backend == "openvino":
+        import openvino
+
+        return f"openvino {openvino.get_version()}"
+    import onnxruntime
+
+    return f"onnxruntime {onnxruntime.__version__}"
+
+
+def binding(loaded: LoadedModel, weights_digest: str, path: Path, backend: str) -> dict[str, Any]:
+    """What a report's figures are bound to."""
+    return {
+        "model": loaded.name,
+        "weights_digest": weights_digest,
+        "artifact_sha256": artifact_digest(path),
+        "preprocessing": preprocessing(loaded),
+        "cpu_int8_class": this_cpu().name,
+        "runtime": runtime_version(backend),
+    }
+
+
+_WHY = {
+    "model": "it is another model's",
+    "weights_digest": "it is for other weights",
+    "artifact_sha256": "the artefact is not the one it judged",
+    "preprocessing": "the preprocessing changed",
+    "cpu_int8_class": "it was judged on a CPU of another INT8 class",
+    "runtime": "it was judged with another runtime version",
+}
+
+
+def reasons_to_rejudge(
+    report: dict[str, Any] | None, bound_to: dict[str, Any], bounds: Bounds
+) -> list[str]:
+    """Why a stored report's figures cannot decide for this start-up (empty: they can)."""
+    if report is None:
+        return ["there is no readable report"]
+    reasons = [
+        f"{_WHY[key]} ({report.get(key)!r}, here {value!r})"
+        for key, value in bound_to.items()
+        if report.get(key) != value
+    ]
+    stricter = looser(report.get("bounds") or {}, bounds)
+    if stricter:
+        reasons.append(f"the settings ask for stricter bounds ({', '.join(stricter)})")
+    return reasons
+
+
+def int8_failures(report: dict[str, Any], bounds: Bounds) -> list[str]:
+    """The gate's verdict on a report's figures under ``bounds``, and the speed rule: an INT8
+    model that runs slower than fp32 on the same runtime is not served."""
+    if "top1_agreement" not in report:  # no candidate was ever judged
+        return list(report.get("failures") or ["no INT8 model was judged"])
+    failures = verdict(report, bounds)
+    rate, fp32 = report.get("images_per_second"), report.get("fp32_images_per_second")
+    if isinstance(rate, int | float) and isinstance(fp32, int | float) and rate < fp32:
+        failures.append(f"slower than fp32 ({rate:.1f} < {fp32:.1f} images/s)")
+    return failures
+
+
+def int8_bounds(settings: Settings) -> Bounds:
+    """The gate's bounds, from the settings (``INT8_GATE_*``)."""
+    return Bounds(
+        min_confident_top1_agreement=settings.int8_gate_min_confident_top1_agreement,
+        min_plausible_top1=settings.int8_gate_min_plausible_top1,
+        max_mean_total_variation=settings.int8_gate_max_mean_total_variation,
+        max_probability_difference=settings.int8_gate_max_probability_difference,
+    )
