@@ -67,8 +67,8 @@ class SigtermDrain:
                 self._server.active,
             )
             # Answer what is left now, so that uvicorn need not wait for those connections.
-            if self._server.serving is not None:
-                await self._server.serving.batcher.aclose(drain_timeout=0)
+            if self._server.predictor is not None:
+                await self._server.predictor.registry.abort()
         self._hand_over()
 
     def _hand_over(self) -> None:

@@ -63,6 +63,10 @@ class InvalidParameterError(ServiceError):
     status, code, outcome = 422, "invalid_parameter", "invalid"
 
 
+class InvalidInputError(InvalidParameterError):
+    """Inputs that do not fit the model: their count, shape, datatype or values (422)."""
+
+
 class NotReadyError(ServiceError):
     status, code, outcome = 503, "not_ready", "not_ready"
 

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import asyncio
 import logging
 import re
 from collections.abc import AsyncIterator
@@ -12,21 +11,21 @@ from contextlib import asynccontextmanager
 from fastapi import Depends, FastAPI
 from prometheus_fastapi_instrumentator import Instrumentator
 
-from app.admission import Admission
 from app.auth import require_api_key
 from app.cpus import pin_worker
 from app.draining import SigtermDrain
-from app.engine import DeviceError, ModelLoadError, StartupError, build_engine, resolve_device
-from app.errors import install_error_handlers
+from app.errors import ServiceError, install_error_handlers
 from app.limits import HeaderLimitMiddleware
 from app.logs import configure_logging
 from app.metrics import Metrics
 from app.outcomes import OutcomeMiddleware
 from app.requestid import RequestIdMiddleware
 from app.routes import health, metrics, models, predict, v2
+from app.serving.admission import Admission
+from app.serving.predict import Predictor
+from app.serving.registry import Registry
 from app.settings import Settings, SettingsError, load_settings
-from app.state import ServerState, Serving
-from batching import DynamicBatcher, ExecutionTimeModel
+from app.state import ServerState
 
 logger = logging.getLogger("batchserve")
 
@@ -94,65 +93,41 @@ def _lifespan(server: ServerState):  # type: ignore[no-untyped-def]
         share = pin_worker(settings.worker_index, settings.workers)
         if share is not None:
             logger.info("worker %d of %d: CPUs %s", settings.worker_index, settings.workers, share)
-        config = settings.batch_config(resolve_device(settings.device, settings.worker_index).type)
-        # Loading and warm-up take seconds: keep them off the event loop.
+        admission = Admission(settings.max_queue_size, settings.max_queue_bytes)
+        metrics.track(lambda: admission.bytes, lambda: admission.requests)
+        metrics.limits(settings.max_queue_size, settings.max_queue_bytes)
+        registry = Registry(settings, metrics, admission, on_failure=lifecycle.fail)
+        # Loading and warm-up take seconds: the registry keeps them off the event loop.
         try:
-            engine = await asyncio.to_thread(build_engine, settings, config, metrics)
-            warmup = await asyncio.to_thread(engine.warmup)
-        except (StartupError, ModelLoadError, DeviceError) as exc:
-            logger.critical("batchserve cannot start: %s", exc)
+            for name in initial_models(settings, registry):
+                await registry.load(name)
+        except ServiceError as exc:
+            logger.critical("batchserve cannot start: %s", exc.message)
+            await registry.aclose()
             raise
-        timings = ExecutionTimeModel()
-        for size, seconds in warmup.items():
-            timings.observe(size, seconds)
-        batcher = DynamicBatcher(
-            engine.run_batch,
-            config,
-            observer=metrics,
-            timings=timings,
-            on_failure=lambda error: lifecycle.fail("the batching loop failed"),
-        )
-        batcher.start()
-        admission = Admission(batcher, config.max_queue_size, settings.max_queue_bytes)
-        metrics.track(
-            lambda: batcher.queue_depth,
-            lambda: batcher.inflight_batches,
-            lambda: admission.bytes,
-            lambda: admission.requests,
-        )
-        metrics.limits(config.max_queue_size, settings.max_queue_bytes)
-        metrics.model_info.labels(
-            engine.name, str(engine.device), engine.precision, engine.backend.name
-        ).set(1)
-        if engine.device.type == "cuda":
-            metrics.track_cuda(engine.device)
         decode_pool = ThreadPoolExecutor(settings.decode_threads, thread_name_prefix="decode")
-        server.serving = Serving(engine, batcher, admission, decode_pool)
+        server.predictor = Predictor(settings, registry, admission, metrics, decode_pool)
         lifecycle.serve()
         drain = SigtermDrain(server, settings.drain_timeout_s)
         drain.install()
-        logger.info(
-            "serving %s (%s weights) on %s in %s with %s %s; batches up to %d, window %.1f ms",
-            engine.name,
-            engine.weights,
-            engine.device,
-            engine.precision,
-            engine.backend.name,
-            engine.backend.variant,
-            config.max_batch_size,
-            config.max_queue_delay_s * 1000,
-        )
         try:
             yield
         finally:
             drain.uninstall()
             lifecycle.drain()
-            await batcher.aclose(settings.drain_timeout_s)
+            await registry.aclose()
             decode_pool.shutdown(wait=False, cancel_futures=True)
             lifecycle.stop()
             logger.info("stopped")
 
     return lifespan
+
+
+def initial_models(settings: Settings, registry: Registry) -> list[str]:
+    """The models loaded at start: every one, or ``LOAD_MODELS`` under explicit control."""
+    if settings.model_control == "explicit" and settings.load_models:
+        return list(settings.load_models)
+    return registry.available()
 
 
 app = create_app()

@@ -1,11 +1,17 @@
 """Prometheus metrics: the batcher's, the engine's, the pipeline stages' and the device's.
 
-Each app gets its own registry, so several apps (tests, a benchmark) can live in one process.
+What belongs to one model version (its queue, batches, stages, device time) carries ``model``
+and ``version`` labels, recorded through that version's view (``Metrics.version``), which is
+its batcher's and engine's observer; a version that is unloaded takes its series with it. What
+belongs to the process (admission, the lifecycle) has none. Each app gets its own registry, so
+several apps (tests, a benchmark) can live in one process.
 """
 
 from __future__ import annotations
 
+import contextlib
 from collections.abc import Callable, Sequence
+from typing import Any
 
 import torch
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
@@ -39,9 +45,10 @@ _SECONDS_BUCKETS = (
     0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0,
 )  # fmt: skip
 _BATCH_BUCKETS = (1, 2, 3, 4, 6, 8, 12, 16, 24, 32, 48, 64, 96, 128, 256, 512, 1024)
+_VERSION = ["model", "version"]
 
 
-class Metrics(BatchObserver, EngineObserver):
+class Metrics:
     """All of batchserve's own metrics, registered in ``registry``."""
 
     def __init__(self, registry: CollectorRegistry | None = None) -> None:
@@ -49,7 +56,7 @@ class Metrics(BatchObserver, EngineObserver):
         ProcessCollector(registry=self.registry)
         r = self.registry
         self.queue_depth = Gauge(
-            "batchserve_queue_depth", "Requests waiting to be batched", registry=r
+            "batchserve_queue_depth", "Requests waiting to be batched", _VERSION, registry=r
         )
         self.admitted_bytes = Gauge(
             "batchserve_admitted_bytes",
@@ -70,17 +77,20 @@ class Metrics(BatchObserver, EngineObserver):
             registry=r,
         )
         self.inflight_batches = Gauge(
-            "batchserve_inflight_batches", "Batches being prepared or executed", registry=r
+            "batchserve_inflight_batches", "Batches being prepared or executed", _VERSION,
+            registry=r,
         )
         self.batch_size = Histogram(
             "batchserve_batch_size",
             "Requests per executed batch",
+            _VERSION,
             buckets=_BATCH_BUCKETS,
             registry=r,
         )
         self.queue_wait = Histogram(
             "batchserve_queue_wait_seconds",
             "Submit to dispatch, per dispatched request (dropped ones are counted apart)",
+            _VERSION,
             buckets=_SECONDS_BUCKETS,
             registry=r,
         )
@@ -88,86 +98,95 @@ class Metrics(BatchObserver, EngineObserver):
             "batchserve_stage_seconds",
             "Time per pipeline stage: parse, decode, serialize per request; device_decode, h2d, "
             "collate, forward, postprocess, d2h per batch",
-            ["stage"],
+            ["stage", *_VERSION],
             buckets=_SECONDS_BUCKETS,
             registry=r,
         )
         self.requests = Counter(
             "batchserve_requests",
-            "Every answer of the prediction routes, by route and outcome",
-            ["route", "outcome"],
+            "Every answer of the prediction routes, by route, outcome and model (empty when the "
+            "request named none that exists)",
+            ["route", "outcome", "model"],
             registry=r,
         )
         self.rejected = Counter(
             "batchserve_rejected_requests",
-            "Requests refused by the batcher at once, by reason",
-            ["reason"],
+            "Requests refused at once, by reason",
+            ["reason", "model"],
             registry=r,
         )
         self.dropped = Counter(
             "batchserve_dropped_requests",
             "Requests that left the queue undispatched, by reason",
-            ["reason"],
+            ["reason", *_VERSION],
             registry=r,
         )
         self.expired_in_flight = Counter(
             "batchserve_expired_in_flight",
             "Requests whose deadline passed while their batch ran (result discarded)",
+            _VERSION,
             registry=r,
         )
         self.batches = Counter(
-            "batchserve_batches", "Executed batches by result", ["result"], registry=r
+            "batchserve_batches", "Executed batches by result", ["result", *_VERSION], registry=r
         )
         self.padding_rows = Counter(
             "batchserve_padding_rows",
             "Rows computed only to pad batches to a fixed shape (CUDA graphs, inductor)",
+            _VERSION,
             registry=r,
         )
         self.device_busy = Counter(
             "batchserve_device_busy_seconds",
             "Device time from each batch's forward pass to the end of its readback "
-            "(its rate is the compute utilisation)",
+            "(its rate is the compute utilisation; summed over the models of a device)",
+            ["device", *_VERSION],
             registry=r,
         )
         self.device_preprocess = Counter(
             "batchserve_device_preprocess_seconds",
             "Device time spent preparing batches: decoding on the device, copies, normalisation "
             "(on a GPU it overlaps the forward pass of the previous batch)",
+            ["device", *_VERSION],
             registry=r,
         )
         self.model_info = Gauge(
             "batchserve_model_info",
-            "The served model (always 1)",
-            ["model", "device", "precision", "backend"],
+            "Each model version being served (always 1)",
+            [*_VERSION, "device", "precision", "backend"],
             registry=r,
         )
         self.ready = Gauge("batchserve_ready", "1 while /readyz answers 200", registry=r)
+        self.model_ready = Gauge(
+            "batchserve_model_ready", "1 while a model version serves", _VERSION, registry=r
+        )
         self.state = Gauge(
             "batchserve_state", "1 for the server's current lifecycle phase", ["state"], registry=r
         )
-        self._request_children = {
-            (route, outcome): self.requests.labels(route, outcome)
-            for route in ROUTES
-            for outcome in OUTCOMES
-        }
-        for result in ("ok", "error"):
-            self.batches.labels(result)
-        self._stage_children = {stage: self.stage.labels(stage) for stage in STAGES}
+        self._request_children: dict[tuple[str, str, str], Any] = {}
+        self._versions: dict[tuple[str, str], VersionMetrics] = {}
+        self.requests_of("")
         self._state_children = {phase: self.state.labels(phase.value) for phase in Phase}
 
     def track(
-        self,
-        queue_depth: Callable[[], float],
-        inflight: Callable[[], float],
-        admitted_bytes: Callable[[], float],
-        admitted_requests: Callable[[], float] | None = None,
+        self, admitted_bytes: Callable[[], float], admitted_requests: Callable[[], float]
     ) -> None:
-        """Read the gauges at scrape time rather than on every request."""
-        self.queue_depth.set_function(queue_depth)
-        self.inflight_batches.set_function(inflight)
+        """Read the admission gauges at scrape time rather than on every request."""
         self.admitted_bytes.set_function(admitted_bytes)
-        if admitted_requests is not None:
-            self.admitted_requests.set_function(admitted_requests)
+        self.admitted_requests.set_function(admitted_requests)
+
+    def version(self, model: str, version: str) -> VersionMetrics:
+        """The view that records one model version's metrics (made on first use)."""
+        key = (model, version)
+        if key not in self._versions:
+            self._versions[key] = VersionMetrics(self, model, version)
+        return self._versions[key]
+
+    def forget(self, model: str, version: str) -> None:
+        """Remove an unloaded version's series."""
+        view = self._versions.pop((model, version), None)
+        if view is not None:
+            view.remove()
 
     def limits(self, requests: int, encoded_bytes: int) -> None:
         self.admission_limit.labels("requests").set(requests)
@@ -201,38 +220,123 @@ class Metrics(BatchObserver, EngineObserver):
             "batchserve_gpu_utilization_ratio", "NVML: share of time a kernel ran", registry=r
         ).set_function(lambda: pynvml.nvmlDeviceGetUtilizationRates(handle).gpu / 100)
 
-    def observe_stage(self, stage: str, seconds: float) -> None:
-        self._stage_children[stage].observe(seconds)
+    def requests_of(self, model: str) -> None:
+        """Every route and outcome of ``model`` counted from zero (so that rates exist)."""
+        for route in ROUTES:
+            for outcome in OUTCOMES:
+                key = (route, outcome, model)
+                if key not in self._request_children:
+                    self._request_children[key] = self.requests.labels(*key)
 
-    def count_request(self, route: str, outcome: str) -> None:
-        self._request_children[route, outcome].inc()
+    def count_request(self, route: str, outcome: str, model: str = "") -> None:
+        key = (route, outcome, model)
+        child = self._request_children.get(key)
+        if child is None:
+            child = self._request_children[key] = self.requests.labels(route, outcome, model)
+        child.inc()
+
+    def on_reject(self, reason: str, model: str = "") -> None:
+        self.rejected.labels(reason, model).inc()
+
+
+class VersionMetrics(BatchObserver, EngineObserver):
+    """One model version's metrics: its batcher's and its engine's observer."""
+
+    def __init__(self, metrics: Metrics, model: str, version: str) -> None:
+        self._metrics = metrics
+        metrics.requests_of(model)
+        self.model, self.version = model, version
+        labels = (model, version)
+        self._labels = labels
+        self._families: list[Any] = [
+            metrics.queue_depth, metrics.inflight_batches, metrics.batch_size,
+            metrics.queue_wait, metrics.expired_in_flight, metrics.padding_rows,
+            metrics.model_ready,
+        ]  # fmt: skip
+        self._batch_size = metrics.batch_size.labels(*labels)
+        self._queue_wait = metrics.queue_wait.labels(*labels)
+        self._expired = metrics.expired_in_flight.labels(*labels)
+        self._padding = metrics.padding_rows.labels(*labels)
+        self._stages = {stage: metrics.stage.labels(stage, *labels) for stage in STAGES}
+        self._batches = {result: metrics.batches.labels(result, *labels)
+                         for result in ("ok", "error")}  # fmt: skip
+        self._busy: Any = None
+        self._preprocess: Any = None
+        self._device = ""
+        self._info: tuple[str, ...] | None = None
+
+    def serving(
+        self,
+        device: torch.device,
+        precision: str,
+        backend: str,
+        queue_depth: Callable[[], float],
+        inflight: Callable[[], float],
+    ) -> None:
+        """The version is loaded: what it runs on, and its gauges (read at scrape time)."""
+        metrics, labels = self._metrics, self._labels
+        self._device = str(device)
+        self._busy = metrics.device_busy.labels(self._device, *labels)
+        self._preprocess = metrics.device_preprocess.labels(self._device, *labels)
+        self._info = (*labels, self._device, precision, backend)
+        metrics.model_info.labels(*self._info).set(1)
+        metrics.queue_depth.labels(*labels).set_function(queue_depth)
+        metrics.inflight_batches.labels(*labels).set_function(inflight)
+
+    def ready(self, ready: bool) -> None:
+        self._metrics.model_ready.labels(*self._labels).set(1 if ready else 0)
+
+    def remove(self) -> None:
+        metrics, labels = self._metrics, self._labels
+        for family in self._families:
+            _remove(family, labels)
+        for stage in STAGES:
+            _remove(metrics.stage, (stage, *labels))
+        for result in ("ok", "error"):
+            _remove(metrics.batches, (result, *labels))
+        for reason in ("cancelled", "deadline_exceeded"):
+            _remove(metrics.dropped, (reason, *labels))
+        if self._device:
+            _remove(metrics.device_busy, (self._device, *labels))
+            _remove(metrics.device_preprocess, (self._device, *labels))
+        if self._info is not None:
+            _remove(metrics.model_info, self._info)
+
+    def observe_stage(self, stage: str, seconds: float) -> None:
+        self._stages[stage].observe(seconds)
 
     # -- EngineObserver ------------------------------------------------------------------
 
     def on_batch(self, report: BatchReport) -> None:
         for stage, seconds in report.stages.items():
-            self._stage_children[stage].observe(seconds)
-        self.device_busy.inc(report.busy_s)
-        self.device_preprocess.inc(report.preprocess_s)
+            self._stages[stage].observe(seconds)
+        if self._busy is not None:
+            self._busy.inc(report.busy_s)
+            self._preprocess.inc(report.preprocess_s)
         if report.padded_rows > report.rows:
-            self.padding_rows.inc(report.padded_rows - report.rows)
+            self._padding.inc(report.padded_rows - report.rows)
 
     # -- BatchObserver -------------------------------------------------------------------
 
     def on_reject(self, reason: RejectReason) -> None:
-        self.rejected.labels(reason).inc()
+        self._metrics.on_reject(reason, self.model)
 
     def on_drop(self, reason: DropReason, queue_wait_s: float) -> None:
-        self.dropped.labels(reason).inc()
+        self._metrics.dropped.labels(reason, *self._labels).inc()
 
     def on_dispatch(self, batch_size: int, queue_waits_s: Sequence[float]) -> None:
-        self.batch_size.observe(batch_size)
-        observe = self.queue_wait.observe
+        self._batch_size.observe(batch_size)
+        observe = self._queue_wait.observe
         for wait in queue_waits_s:
             observe(wait)
 
     def on_complete(self, batch_size: int, duration_s: float, error: BaseException | None) -> None:
-        self.batches.labels("ok" if error is None else "error").inc()
+        self._batches["ok" if error is None else "error"].inc()
 
     def on_expired_in_flight(self) -> None:
-        self.expired_in_flight.inc()
+        self._expired.inc()
+
+
+def _remove(family: Any, labels: Sequence[str]) -> None:
+    with contextlib.suppress(KeyError):
+        family.remove(*labels)

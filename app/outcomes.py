@@ -28,14 +28,15 @@ def outcome_of(status: int | None, marked: object) -> str:
 
 
 class OutcomeMiddleware:
-    """Calls ``count(route, outcome)`` once for every request whose path ``route_of`` names
-    (None: not a prediction route, not counted)."""
+    """Calls ``count(route, outcome, model)`` once for every request whose path ``route_of``
+    names (None: not a prediction route, not counted); ``model`` is what the route marked
+    (``mark_model``), empty when it found none."""
 
     def __init__(
         self,
         app: ASGIApp,
         route_of: Callable[[str], str | None],
-        count: Callable[[str, str], None],
+        count: Callable[[str, str, str], None],
     ) -> None:
         self.app = app
         self.route_of = route_of
@@ -54,12 +55,17 @@ class OutcomeMiddleware:
                 status = message["status"]
             await send(message)
 
+        def model() -> str:
+            return str((scope.get("state") or {}).get("model", ""))
+
         try:
             await self.app(scope, receive, send_and_watch)
         except asyncio.CancelledError:
-            self.count(route, "cancelled")
+            self.count(route, "cancelled", model())
             raise
         except BaseException:
-            self.count(route, "error")  # answered 500 by the server error handler outside us
+            # answered 500 by the server error handler outside us
+            self.count(route, "error", model())
             raise
-        self.count(route, outcome_of(status, (scope.get("state") or {}).get("outcome")))
+        state = scope.get("state") or {}
+        self.count(route, outcome_of(status, state.get("outcome")), model())

@@ -46,11 +46,14 @@ class BatchingInfo(BaseModel):
 
 
 class ModelInfo(BaseModel):
+    model: str
+    version: str
     name: str
     weights: str
     device: str
     precision: str
     state: str
+    version_state: str
     backend: dict[str, Any]
     check: dict[str, Any] | None
     cpu: dict[str, Any]
@@ -64,5 +67,13 @@ class ModelInfo(BaseModel):
     warmup_ms: dict[int, float]
 
 
+class RepositoryEntry(BaseModel):
+    name: str
+    version: str | None = None
+    state: str
+    reason: str
+
+
 class ModelList(BaseModel):
     models: list[ModelInfo]
+    repository: list[RepositoryEntry]

@@ -3,11 +3,17 @@
 from __future__ import annotations
 
 import sys
+from collections.abc import Callable
 from pathlib import Path
 from typing import Annotated, Any, Literal
 
 from pydantic import Field, SecretStr, ValidationError, field_validator, model_validator
-from pydantic_settings import BaseSettings, NoDecode, SettingsConfigDict
+from pydantic_settings import (
+    BaseSettings,
+    NoDecode,
+    PydanticBaseSettingsSource,
+    SettingsConfigDict,
+)
 
 from app.cpus import available_cpus
 from batching import BatchConfig, parse_sizes
@@ -18,6 +24,21 @@ Precision = Literal["auto", "fp32", "fp16", "bf16", "int8"]
 BackendName = Literal["torch", "onnxruntime", "openvino"]
 DecodeDevice = Literal["auto", "cpu", "cuda"]
 LogLevel = Literal["critical", "error", "warning", "info", "debug"]
+ModelControl = Literal["none", "explicit"]
+MODEL_NAME_PATTERN = r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,127}$"
+
+# The settings that are about a model rather than the process: the keys a model repository's
+# config.toml may hold (in lower case). The rest (ports, keys, admission limits, the thread
+# budget, the artefact cache, logging) belong to the process and are shared by every model.
+MODEL_KEYS = frozenset({
+    "model", "weights", "labels", "device", "precision", "decode_device", "image_size",
+    "resize_size", "cuda_graphs", "compile", "backend", "calibration_dir", "allow_ungated_int8",
+    "int8_gate_min_confident_top1_agreement", "int8_gate_min_plausible_top1",
+    "int8_gate_max_mean_total_variation", "int8_gate_max_probability_difference",
+    "int8_gate_min_images", "max_batch_size", "max_queue_delay_ms", "preferred_batch_sizes",
+    "max_inflight_batches", "latency_slo_ms", "dispatch_when_idle", "priority_levels",
+    "default_priority", "request_timeout_ms", "top_k",
+})  # fmt: skip
 
 
 class SettingsError(ValueError):
@@ -78,8 +99,14 @@ class Settings(BaseSettings):
     workers: int = Field(1, ge=1, le=256)
     worker_index: int = Field(0, ge=0, le=255)
 
+    # Several models
+    model_repository: Path | None = None
+    model_control: ModelControl = "none"
+    load_models: Annotated[tuple[str, ...], NoDecode] = ()
+    default_model: str | None = Field(None, pattern=MODEL_NAME_PATTERN)
+
     # Operations
-    model_name: str | None = Field(None, pattern=r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,127}$")
+    model_name: str | None = Field(None, pattern=MODEL_NAME_PATTERN)
     api_key: SecretStr | None = None
     protect_metrics: bool = False
     log_level: LogLevel = "info"
@@ -94,6 +121,22 @@ class Settings(BaseSettings):
             return parse_sizes(value)
         except (TypeError, ValueError) as exc:
             raise ValueError("must be a comma-separated list of integers, e.g. 8,16") from exc
+
+    @field_validator("load_models", mode="before")
+    @classmethod
+    def _split_names(cls, value: Any) -> Any:
+        if value is None or value == "":
+            return ()
+        if isinstance(value, str):
+            return tuple(name.strip() for name in value.split(",") if name.strip())
+        return value
+
+    @field_validator("model_repository")
+    @classmethod
+    def _repository_exists(cls, value: Path | None) -> Path | None:
+        if value is not None and not value.is_dir():
+            raise ValueError(f"no directory at {value}")
+        return value
 
     @field_validator("log_level", mode="before")
     @classmethod
@@ -160,6 +203,21 @@ class Settings(BaseSettings):
         return self
 
     @property
+    def served_name(self) -> str:
+        """The name of the model these settings describe, without a repository: ``MODEL_NAME``,
+        else the model setting (a factory's function name for ``pkg.mod:fn``)."""
+        if self.model_name:
+            return self.model_name
+        return self.model.rpartition(":")[2] or self.model
+
+    def for_model(self, values: dict[str, Any]) -> Settings:
+        """These settings' process part with a model's ``values`` (from a repository's
+        config.toml): validated like the environment, ``ValidationError`` otherwise. The
+        model's settings not in ``values`` take their defaults, not the environment's."""
+        process = {key: value for key, value in self if key not in MODEL_KEYS}
+        return _Explicit(**process, **values)
+
+    @property
     def queue_delay_s(self) -> float:
         """The window: explicit, else 15% of the latency SLO, else 2 ms."""
         if self.max_queue_delay_ms is not None:
@@ -204,6 +262,21 @@ class Settings(BaseSettings):
         )
 
 
+class _Explicit(Settings):
+    """Settings from the given values alone (and the defaults), not the environment."""
+
+    @classmethod
+    def settings_customise_sources(
+        cls,
+        settings_cls: type[BaseSettings],
+        init_settings: PydanticBaseSettingsSource,
+        env_settings: PydanticBaseSettingsSource,
+        dotenv_settings: PydanticBaseSettingsSource,
+        file_secret_settings: PydanticBaseSettingsSource,
+    ) -> tuple[PydanticBaseSettingsSource, ...]:
+        return (init_settings,)
+
+
 def load_settings(**overrides: Any) -> Settings:
     """Build settings from the environment (and ``overrides``), or raise ``SettingsError``."""
     try:
@@ -222,12 +295,17 @@ def settings_for_tool() -> Settings:
 
 
 def describe_errors(exc: ValidationError) -> str:
-    lines = ["invalid settings:"]
+    lines = error_lines(exc, lambda field: f"{ENV_PREFIX}{field.upper()}" if field else "settings")
+    return "\n".join(["invalid settings:", *(f"  {line}" for line in lines)])
+
+
+def error_lines(exc: ValidationError, name: Callable[[str], str]) -> list[str]:
+    """One line per problem, the field named by ``name`` (an environment variable, a key)."""
+    lines = []
     for error in exc.errors(include_url=False):
         field = ".".join(str(part) for part in error["loc"])
-        name = f"{ENV_PREFIX}{field.upper()}" if field else "settings"
         message = error["msg"].removeprefix("Value error, ")
         value = error.get("input")
         shown = "" if field == "" or isinstance(value, dict) else f" (got {value!r})"
-        lines.append(f"  {name}: {message}{shown}")
-    return "\n".join(lines)
+        lines.append(f"{name(field)}: {message}{shown}")
+    return lines

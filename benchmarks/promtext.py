@@ -25,7 +25,18 @@ def from_response(response: httpx.Response) -> Samples:
 
 
 def value(samples: Samples, name: str, **labels: str) -> float:
-    return samples.get((name, tuple(sorted(labels.items()))), 0.0)
+    """The sum of the samples called ``name`` that carry ``labels`` (and any others: every
+    model and version, unless they are named)."""
+    wanted = set(labels.items())
+    return sum(
+        sample for (each, carried), sample in samples.items()
+        if each == name and wanted <= set(carried)
+    )  # fmt: skip
+
+
+def has(samples: Samples, name: str, **labels: str) -> bool:
+    wanted = set(labels.items())
+    return any(each == name and wanted <= set(carried) for each, carried in samples)
 
 
 @dataclass
@@ -47,15 +58,17 @@ class ServerDelta:
         for (name, labels), _ in self.after.items():
             if name == "batchserve_stage_seconds_count":
                 stage = dict(labels)["stage"]
+                if stage in stages:
+                    continue
                 count = self.delta("batchserve_stage_seconds_count", stage=stage)
                 if count:
                     total = self.delta("batchserve_stage_seconds_sum", stage=stage)
                     stages[stage] = total / count
         busy = self.delta("batchserve_device_busy_seconds_total")
+        bounds = {dict(labels)["le"] for name, labels in self.after
+                  if name == "batchserve_batch_size_bucket"}  # fmt: skip
         cumulative = sorted(
-            (float(dict(labels)["le"]), self.delta(name, **dict(labels)))
-            for (name, labels) in self.after
-            if name == "batchserve_batch_size_bucket"
+            (float(le), self.delta("batchserve_batch_size_bucket", le=le)) for le in bounds
         )
         histogram, previous = {}, 0.0
         for bound, count in cumulative:

@@ -7,6 +7,7 @@ import re
 import pytest
 
 from app.engine import Prediction
+from benchmarks.promtext import has, parse, value
 
 
 def assert_same_prediction(
@@ -22,7 +23,12 @@ def assert_same_prediction(
 
 
 def metric(text: str, name: str) -> float:
-    """One sample's value from a ``/metrics`` text (``name`` may include ``{labels}``)."""
-    match = re.search(rf"^{re.escape(name)} ([0-9.e+-]+)$", text, re.MULTILINE)
-    assert match, f"{name} not in /metrics"
-    return float(match.group(1))
+    """A sample's value from a ``/metrics`` text: ``name`` may include ``{labels}``, and the
+    samples that carry them (whatever their other labels: every model and version) are
+    added up."""
+    match = re.fullmatch(r"([a-zA-Z_:][a-zA-Z0-9_:]*)(?:\{(.*)\})?", name)
+    assert match, name
+    labels = dict(re.findall(r'(\w+)="([^"]*)"', match.group(2) or ""))
+    samples = parse(text)
+    assert has(samples, match.group(1), **labels), f"{name} not in /metrics"
+    return value(samples, match.group(1), **labels)

@@ -9,8 +9,8 @@ from collections.abc import AsyncIterator
 import pytest
 from PIL import Image
 
-from app.admission import Admission
 from app.errors import OverloadedError
+from app.serving.admission import Admission
 from tests import images
 from tests.checks import metric
 from tests.conftest import make_settings, serve
@@ -29,26 +29,59 @@ class FakeQueue:
 
 def test_tickets_count_requests_and_bytes_until_closed() -> None:
     queue = FakeQueue()
-    admission = Admission(queue, max_requests=3, max_bytes=1000)
-    first = admission.admit(400)
-    second = admission.admit()
+    admission = Admission(max_requests=3, max_bytes=1000)
+    admission.add("m", queue)
+    first = admission.admit("m", 400)
+    second = admission.admit("m")
     second.reserve(300)
     second.reserve(200)  # totals only grow: nothing more to reserve
     assert (admission.requests, admission.bytes) == (2, 700)
     with pytest.raises(OverloadedError) as raised:
-        admission.admit(301)  # 700 + 301 > 1000
+        admission.admit("m", 301)  # 700 + 301 > 1000
     assert raised.value.headers == {"Retry-After": "3"}
     assert (admission.requests, admission.bytes) == (2, 700)  # the refused one left no trace
     with pytest.raises(OverloadedError):
         second.reserve(601)
     queue.queue_depth, queue.queued_cost = 1, 250  # what the batcher holds counts too
-    with pytest.raises(OverloadedError, match="requests are already waiting"):
-        admission.admit()
+    with pytest.raises(OverloadedError, match="already hold 3 of 3 requests"):
+        admission.admit("m")
     first.close()
     first.close()  # idempotent
     assert (admission.requests, admission.bytes) == (2, 550)
     second.close()
     assert (admission.requests, admission.bytes) == (1, 250)
+
+
+def test_a_flooded_model_cannot_starve_another_of_admission() -> None:
+    admission = Admission(max_requests=10, max_bytes=10_000)
+    flooded, quiet = FakeQueue(), FakeQueue()
+    admission.add("flooded", flooded)
+    admission.add("quiet", quiet)
+    # Each of two models is guaranteed half of its half: 2.5 requests. The flooded one may
+    # take the rest while the quiet one is idle, but not the quiet one's guarantee...
+    tickets = [admission.admit("flooded") for _ in range(4)]
+    flooded.queue_depth = 3
+    assert admission.held("flooded") == (7, 0)
+    with pytest.raises(OverloadedError, match=r"kept for other models' guaranteed 2"):
+        admission.admit("flooded")
+    # ...which the quiet model gets at once, however full the flooded one keeps the queue.
+    quiet_tickets = [admission.admit("quiet") for _ in range(2)]
+    assert admission.held("quiet") == (2, 0)
+    # Bytes alike: 2500 kept for the quiet model, the rest the flooded one may hold.
+    with pytest.raises(OverloadedError, match="guaranteed 2500"):
+        tickets[0].reserve(7_501)
+    tickets[0].reserve(7_500)
+    for ticket in tickets + quiet_tickets:
+        ticket.close()
+    assert (admission.requests, admission.bytes) == (3, 0)  # the flooded queue's three
+    # A model with no batcher left no longer takes a share.
+    admission.remove("quiet", quiet)
+    assert admission.held("quiet") == (0, 0)
+    flooded.queue_depth = 0
+    alone = [admission.admit("flooded") for _ in range(10)]
+    assert admission.requests == 10
+    for ticket in alone:
+        ticket.close()
 
 
 def noise_png(side: int, seed: int = 0) -> bytes:

@@ -53,7 +53,7 @@ async def test_predict_raw_body(client: httpx.AsyncClient, content_type: str, da
     response = await client.post("/predict", content=data, headers={"content-type": content_type})
     assert response.status_code == 200, response.text
     body = response.json()
-    assert body["model"] == "tests.models:color_classifier"
+    assert (body["model"], body["version"]) == ("color_classifier", "1")
     assert len(body["predictions"]) == 5  # the TOP_K default
     first = body["predictions"][0]
     assert set(first) == {"index", "label", "score"}
@@ -109,16 +109,20 @@ async def test_metrics_exposes_the_documented_names(client: httpx.AsyncClient) -
     response = await client.get("/metrics")
     assert response.status_code == 200
     text = response.text
+    one = 'model="color_classifier",version="1"'
     for name in (
-        "batchserve_queue_depth",
+        f"batchserve_queue_depth{{{one}}}",
         "batchserve_batch_size_bucket",
         "batchserve_queue_wait_seconds_bucket",
-        'batchserve_stage_seconds_bucket{le="0.001",stage="decode"}',
-        'batchserve_stage_seconds_count{stage="forward"}',
-        'batchserve_stage_seconds_count{stage="postprocess"}',
-        "batchserve_device_busy_seconds_total",
-        'batchserve_model_info{backend="torch",device="cpu",model="tests.models:color_classifier",'
-        'precision="fp32"}',
+        'batchserve_stage_seconds_bucket{le="0.001",model="color_classifier",stage="decode",'
+        'version="1"}',
+        'batchserve_stage_seconds_count{model="color_classifier",stage="forward",version="1"}',
+        'batchserve_stage_seconds_count{model="color_classifier",stage="postprocess",'
+        'version="1"}',
+        f'batchserve_device_busy_seconds_total{{device="cpu",{one}}}',
+        'batchserve_model_info{backend="torch",device="cpu",model="color_classifier",'
+        'precision="fp32",version="1"}',
+        f"batchserve_model_ready{{{one}}} 1.0",
         'batchserve_state{state="ready"} 1.0',
         "batchserve_admitted_bytes 0.0",
         "batchserve_device_preprocess_seconds_total",
@@ -126,7 +130,8 @@ async def test_metrics_exposes_the_documented_names(client: httpx.AsyncClient) -
         "process_resident_memory_bytes",
     ):
         assert name in text, name
-    assert metric(text, 'batchserve_requests_total{outcome="ok",route="predict"}') == 1
+    assert metric(text, 'batchserve_requests_total{model="color_classifier",outcome="ok",'
+                        'route="predict"}') == 1
     assert metric(text, 'batchserve_requests_total{outcome="invalid",route="predict"}') == 1
     assert metric(text, "batchserve_device_busy_seconds_total") > 0
 
@@ -344,7 +349,7 @@ async def test_a_crashed_batching_loop_turns_readiness_off(
         ready = await client.get("/readyz")
         assert ready.status_code == 503
         assert ready.json() == {
-            "status": "not_ready", "state": "failed", "reason": "the batching loop failed"
+            "status": "not_ready", "state": "failed", "reason": "the batching loop of color_classifier/1 failed"
         }  # fmt: skip
         again = await client.post("/predict", content=images.jpeg(), headers=JPEG)
         assert_error(again, 503, "not_ready")

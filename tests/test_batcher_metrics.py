@@ -5,6 +5,7 @@ from __future__ import annotations
 import asyncio
 
 import pytest
+import torch
 
 from app.metrics import Metrics
 from batching import (
@@ -18,13 +19,19 @@ from batching import (
 from tests.fakes import GatedRun, settle, until
 
 
+ONE = {"model": "m", "version": "1"}
+
+
 def value(metrics: Metrics, name: str, **labels: str) -> float:
-    sample = metrics.registry.get_sample_value(name, labels)
+    """A sample of model m version 1 (the ``rejected`` counter has the model alone)."""
+    scope = {"model": "m"} if name.startswith("batchserve_rejected") else ONE
+    sample = metrics.registry.get_sample_value(name, {**scope, **labels})
     return 0.0 if sample is None else sample
 
 
 async def test_rejections_drops_batches_and_queue_waits_are_counted_exactly() -> None:
     metrics = Metrics()
+    view = metrics.version("m", "1")
     clock = ManualClock()
     run = GatedRun()
     config = BatchConfig(
@@ -34,11 +41,10 @@ async def test_rejections_drops_batches_and_queue_waits_are_counted_exactly() ->
         max_queue_delay_s=0.010,
         dispatch_when_idle=False,
     )
-    batcher: DynamicBatcher[int, object] = DynamicBatcher(run, config, metrics, clock=clock)
+    batcher: DynamicBatcher[int, object] = DynamicBatcher(run, config, view, clock=clock)
     batcher.start()
-    metrics.track(
-        lambda: batcher.queue_depth, lambda: batcher.inflight_batches, lambda: batcher.queued_cost
-    )
+    view.serving(torch.device("cpu"), "fp32", "torch",
+                 lambda: batcher.queue_depth, lambda: batcher.inflight_batches)  # fmt: skip
 
     first = [asyncio.ensure_future(batcher.submit(item)) for item in (1, 2)]  # full: goes at t=0
     await run.wait_started(1)

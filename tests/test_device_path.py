@@ -243,12 +243,14 @@ def test_cuda_engine_matches_the_cpu_engine(graphs: bool) -> None:
 
 def test_device_decode_is_a_stage_of_its_own() -> None:
     metrics = Metrics()
-    on_device = torch_engine(decode_on_device=True, buckets=(1, 2, 4, 8), observer=metrics)
+    view = metrics.version("m", "1")
+    on_device = torch_engine(decode_on_device=True, buckets=(1, 2, 4, 8), observer=view)
     pictures = [images.jpeg(images.photo(300, 200, seed=s)) for s in range(3)]
     on_device.run_batch([InferenceRequest(on_device.prepare(data), 3) for data in pictures])
 
     def count(stage: str) -> float | None:
-        return metrics.registry.get_sample_value("batchserve_stage_seconds_count", {"stage": stage})
+        labels = {"stage": stage, "model": "m", "version": "1"}
+        return metrics.registry.get_sample_value("batchserve_stage_seconds_count", labels)
 
     assert count("device_decode") == 1  # once per batch
     assert count("decode") == 0  # the per-request CPU decode did not happen

@@ -65,6 +65,7 @@ class InferenceEngine:
         buckets: tuple[int, ...] | None = None,
         max_inflight_batches: int = 2,
         decode_on_device: bool = False,
+        device_lock: threading.Lock | None = None,
     ) -> None:
         self.name = loaded.name
         self.weights = loaded.weights
@@ -81,7 +82,8 @@ class InferenceEngine:
         self._streams = streams_for(self.device)
         self._collator = Collator(self.transform, self.input_shape, self.device, self._streams)
         self._slots = PinnedStaging(self._make_slot, size=max_inflight_batches)
-        self._execute_lock = threading.Lock()
+        # Forward passes are serialised on the device, across every engine that shares it.
+        self._execute_lock = device_lock or threading.Lock()
         self.warmup_timings: dict[int, float] = {}
         # The start-up check against eager PyTorch, for backends that are checked that way.
         self.check: dict[str, Any] | None = None

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import copy
 import logging
+import threading
 from pathlib import Path
 from typing import Any
 
@@ -47,13 +48,19 @@ def load_configured_model(settings: Settings) -> LoadedModel:
 
 
 def build_engine(
-    settings: Settings, config: BatchConfig, observer: EngineObserver | None = None
+    settings: Settings,
+    config: BatchConfig,
+    observer: EngineObserver | None = None,
+    *,
+    device_lock: threading.Lock | None = None,
 ) -> InferenceEngine:
     """Load the configured model onto the configured device and backend, in its precision.
 
     ``config`` is the batcher's configuration (``settings.batch_config``): the engine sizes
     its slots and batch buckets from it. A backend other than PyTorch serves from an exported
     artefact (made here when missing) and only after it agrees with eager PyTorch.
+    ``device_lock``, shared by the engines of one device, keeps their forward passes from
+    running at once.
     """
     device = resolve_device(settings.device, settings.worker_index)
     torch.set_num_threads(settings.intra_op_threads)
@@ -76,6 +83,7 @@ def build_engine(
         buckets=config.batch_buckets,
         max_inflight_batches=config.max_inflight_batches,
         decode_on_device=resolve_decode_device(settings.decode_device, device),
+        device_lock=device_lock,
     )
     if settings.backend != "torch":
         engine.check = startup_check(engine, loaded, reference)

@@ -21,14 +21,14 @@ import numpy as np
 import orjson
 from pydantic import BaseModel, Field, ValidationError
 
-from app.errors import BadRequestError, InvalidParameterError
+from app.errors import BadRequestError, InvalidInputError
 
 # NumPy dtype of each fixed-size datatype this server reads or writes.
 NUMERIC: dict[str, np.dtype[Any]] = {"UINT8": np.dtype("<u1"), "FP32": np.dtype("<f4")}
 MAX_DIMENSIONS = 8
 
 
-class MalformedTensorError(InvalidParameterError):
+class MalformedTensorError(InvalidInputError):
     """A tensor whose shape, datatype, data or binary size do not fit together (422)."""
 
 

@@ -2,33 +2,51 @@
 
 from __future__ import annotations
 
+from typing import Any
+
 from fastapi import APIRouter, Request
 from starlette.responses import Response
 
 from app.engine.int8_class import this_cpu
-from app.errors import NotReadyError
 from app.responses import json_response
 from app.schemas import ModelList
-from app.state import server_state
+from app.serving.version import ModelVersion
+from app.state import ServerState, server_state
 
 router = APIRouter()
 
 
 @router.get("/v1/models", response_model=ModelList)
 async def list_models(request: Request) -> Response:
+    """Every loaded model version and how it serves, and every model of the repository with
+    each version's state (``LOADING``, ``READY``, ``UNLOADING``, ``UNAVAILABLE``)."""
     server = server_state(request)
-    serving = server.serving
-    if serving is None:
-        raise NotReadyError(server.lifecycle.reason, headers={"Retry-After": "1"})
-    engine, batching, settings = serving.engine, serving.batcher.config, server.settings
+    registry = server.started().registry
+    entries = [
+        _describe(server, version)
+        for _, versions in sorted(registry.models.items())
+        for _, version in sorted(versions.items())
+        if version.engine is not None and version.batcher is not None
+    ]
+    return json_response({"models": entries, "repository": registry.index()})
+
+
+def _describe(server: ServerState, version: ModelVersion) -> dict[str, Any]:
+    engine, batcher = version.engine, version.batcher
+    assert engine is not None
+    assert batcher is not None
+    batching, settings = batcher.config, version.settings
     transform = engine.transform
     cpu = this_cpu()
-    info = {
+    return {
+        "model": version.model,
+        "version": str(version.version),
         "name": engine.name,
         "weights": engine.weights,
         "device": str(engine.device),
         "precision": engine.precision,
-        "state": server.lifecycle.phase.value,
+        "state": server.lifecycle.phase.value if version.ready else version.state.value,
+        "version_state": version.state.value,
         "backend": engine.backend.describe(),
         "check": engine.check,
         "cpu": {"int8_class": cpu.name, "int8_saturates": cpu.saturates},
@@ -42,8 +60,8 @@ async def list_models(request: Request) -> Response:
             "max_batch_size": batching.max_batch_size,
             "max_queue_delay_ms": batching.max_queue_delay_s * 1000,
             "preferred_batch_sizes": list(batching.preferred_batch_sizes),
-            "max_queue_size": batching.max_queue_size,
-            "max_queue_bytes": serving.admission.max_bytes,
+            "max_queue_size": server.settings.max_queue_size,
+            "max_queue_bytes": server.settings.max_queue_bytes,
             "max_inflight_batches": batching.max_inflight_batches,
             "latency_slo_ms": settings.latency_slo_ms,
             "dispatch_when_idle": batching.dispatch_when_idle,
@@ -53,4 +71,3 @@ async def list_models(request: Request) -> Response:
             str(size): round(seconds * 1000, 3) for size, seconds in engine.warmup_timings.items()
         },
     }
-    return json_response({"models": [info]})

@@ -11,11 +11,11 @@ from fastapi import APIRouter, Query, Request
 from starlette.responses import Response
 
 from app.body import read_image
-from app.engine import InferenceRequest
 from app.errors import InvalidParameterError, mark_outcome
-from app.inference import admit, call_for, decode, guarded, predict_all, read_within
+from app.inference import admit, disconnected, guarded, read_within
 from app.requestid import request_start_of
 from app.schemas import ErrorBody, PredictResponse
+from app.serving.predict import Inputs
 from app.state import ServerState
 
 router = APIRouter()
@@ -30,6 +30,7 @@ _ERRORS: dict[int | str, dict[str, Any]] = {
         (401, "unauthorized: missing or wrong API key"),
         (413, "too_large: too many bytes or pixels"),
         (415, "unsupported_media_type: content type or image format not accepted"),
+        (404, "not_found: no such model, or no such version of it"),
         (422, "invalid_parameter: bad top_k, timeout or priority header, multipart without 'file'"),
         (503, "overloaded (queue full in requests or bytes, with Retry-After) or not_ready"),
         (504, "deadline_exceeded: no result before the request's deadline"),
@@ -63,44 +64,58 @@ _ERRORS: dict[int | str, dict[str, Any]] = {
 async def predict(
     request: Request,
     top_k: Annotated[int | None, Query(ge=1, description="classes to return")] = None,
+    model: Annotated[str | None, Query(description="the model (default: DEFAULT_MODEL, or "
+                                       "the only one)")] = None,
+    version: Annotated[int | None, Query(ge=1, description="its version (default: the "
+                                         "highest serving)")] = None,
 ) -> Response:
     """Send the image as the raw body (``Content-Type: image/*``) or as multipart field ``file``.
 
-    ``X-Request-Timeout-Ms`` sets this request's deadline (default: the server's);
+    ``X-Request-Timeout-Ms`` sets this request's deadline (default: the model's);
     ``X-Priority`` its priority (1 first, up to ``PRIORITY_LEVELS``; 0: the default).
     """
-    return await guarded(request, lambda server: _predict(server, request, top_k))
+    return await guarded(
+        request, lambda server: _predict(server, request, top_k, model, version)
+    )
 
 
-async def _predict(server: ServerState, request: Request, top_k: int | None) -> Response:
-    serving = server.require_ready()
-    engine, metrics, settings = serving.engine, server.metrics, server.settings
+async def _predict(
+    server: ServerState,
+    request: Request,
+    top_k: int | None,
+    model: str | None,
+    version: int | None,
+) -> Response:
+    predictor = server.require_ready()
     arrived = request_start_of(request.scope)
-    k = settings.top_k if top_k is None else top_k
-    if k > engine.num_classes:
-        raise InvalidParameterError(f"top_k must be at most {engine.num_classes}")
-    call = call_for(request, serving, _timeout(request), _priority(request))
-
+    timeout, priority = _timeout(request), _priority(request)
     parse_started = time.perf_counter()
-    ticket = admit(request, serving)
+    admitted = admit(request, predictor, model, version)
     try:
+        serving = admitted.version
+        stage = serving.metrics.observe_stage
+        k = predictor.top_k(admitted, top_k)
+        deadline = predictor.deadline(admitted, timeout, arrived)
+        level = predictor.priority_level(admitted, priority)
+        limit = server.settings.max_image_bytes
         data = await read_within(
-            request, ticket, lambda reserve: read_image(request, settings.max_image_bytes, reserve)
+            predictor, admitted, lambda reserve: read_image(request, limit, reserve)
         )
         parsed = time.perf_counter()
-        metrics.observe_stage("parse", parsed - parse_started)
-        image = await decode(request, serving, data)
+        stage("parse", parsed - parse_started)
+        (image,) = await predictor.prepare(admitted, Inputs("encoded", [data]))
         del data
         submitted = time.perf_counter()
-        (prediction,) = await predict_all(
-            request, serving, [InferenceRequest(image, k)], call, ticket
+        (prediction,) = await predictor.predict(
+            admitted, [image], k, deadline, level, lambda: disconnected(request.receive)
         )
     finally:
-        ticket.close()
+        admitted.close()
     finished = time.perf_counter()
-    body = orjson.dumps({"model": engine.name, "predictions": prediction.classes})
+    body = orjson.dumps({"model": serving.model, "version": str(serving.version),
+                         "predictions": prediction.classes})  # fmt: skip
     serialized = time.perf_counter()
-    metrics.observe_stage("serialize", serialized - finished)
+    stage("serialize", serialized - finished)
     timing = {
         "parse": parsed - parse_started,
         "decode": image.decode_s,

@@ -1,6 +1,7 @@
 """The Open Inference Protocol (KServe v2 / Triton REST) over HTTP.
 
-One model, version "1", under the name ``MODEL_NAME``. It takes exactly one of three inputs:
+Every model of the server and each of its versions (``/v2/models/{name}[/versions/{v}]``).
+A model takes exactly one of three inputs:
 
 - ``image``, BYTES ``[N]``: encoded images (binary extension, or base64 strings in JSON);
 - ``pixels``, UINT8 ``[N, H, W, 3]``: decoded RGB images, resized and cropped here;
@@ -14,19 +15,18 @@ come from the request's parameters.
 
 from __future__ import annotations
 
-import asyncio
+import time
 from typing import Any
 
 import numpy as np
 import orjson
-import torch
 from fastapi import APIRouter, Request
 from starlette.responses import Response
 
 from app.body import read_raw
-from app.engine import InferenceEngine, InferenceRequest, Prediction
-from app.errors import InvalidParameterError, NotFoundError, mark_outcome
-from app.inference import admit, call_for, decode, guarded, predict_all, read_within
+from app.engine import InferenceEngine, Prediction
+from app.errors import InvalidParameterError, NotReadyError, mark_outcome
+from app.inference import admit, disconnected, guarded, read_within
 from app.protocol.tensors import (
     InferenceRequestBody,
     MalformedTensorError,
@@ -35,15 +35,15 @@ from app.protocol.tensors import (
     parse_request,
     read_inputs,
 )
+from app.requestid import request_start_of
 from app.responses import json_response
-from app.settings import Settings
-from app.state import ServerState, Serving, server_state
-from preprocessing import PreparedImage, prepare_normalized, prepare_pixels
+from app.serving.predict import Inputs
+from app.serving.version import ModelVersion
+from app.state import ServerState, server_state
 
 router = APIRouter(prefix="/v2", tags=["Open Inference Protocol (KServe v2)"])
 health = APIRouter(prefix="/v2", tags=["Open Inference Protocol (KServe v2)"])
 
-VERSION = "1"
 OUTPUT = "probabilities"
 EXTENSIONS = ["binary_tensor_data", "classification"]
 PLATFORMS = {"torch": "pytorch_libtorch", "onnxruntime": "onnxruntime_onnx",
@@ -51,19 +51,8 @@ PLATFORMS = {"torch": "pytorch_libtorch", "onnxruntime": "onnxruntime_onnx",
 HEADER_LENGTH = "inference-header-content-length"
 
 
-def model_name(settings: Settings) -> str:
-    """``MODEL_NAME``, else the model setting (a factory's function name for ``pkg.mod:fn``)."""
-    if settings.model_name:
-        return settings.model_name
-    return settings.model.rpartition(":")[2] or settings.model
-
-
-def _check_model(server: ServerState, name: str, version: str | None) -> None:
-    served = model_name(server.settings)
-    if name != served:
-        raise NotFoundError(f"unknown model {name!r}; this server serves {served!r}")
-    if version not in (None, VERSION):
-        raise NotFoundError(f"unknown version {version!r} of {name!r}; it has version {VERSION}")
+def _resolve(server: ServerState, name: str, version: str | None) -> ModelVersion:
+    return server.started().registry.resolve(name, version)
 
 
 def _live(request: Request) -> Response:
@@ -86,8 +75,10 @@ async def server_ready(request: Request) -> Response:
 @health.get("/models/{name}/versions/{version}/ready", summary="Model version ready")
 async def model_ready(request: Request, name: str, version: str | None = None) -> Response:
     server = server_state(request)
-    _check_model(server, name, version)
-    ready = server.lifecycle.ready
+    try:
+        ready = _resolve(server, name, version).ready and server.lifecycle.ready
+    except NotReadyError:
+        ready = False
     return json_response({"name": name, "ready": ready}, status_code=200 if ready else 503)
 
 
@@ -101,12 +92,15 @@ async def server_metadata(request: Request) -> Response:
 @router.get("/models/{name}/versions/{version}", summary="Model version metadata")
 async def model_metadata(request: Request, name: str, version: str | None = None) -> Response:
     server = server_state(request)
-    _check_model(server, name, version)
-    engine = server.require_ready().engine
+    serving = _resolve(server, name, version)
+    engine = serving.engine
+    if engine is None:
+        raise NotReadyError(f"{serving.name} is {serving.reason}", headers={"Retry-After": "1"})
     crop = engine.transform.crop_size
+    versions = server.started().registry.models.get(name, {})
     return json_response({
         "name": name,
-        "versions": [VERSION],
+        "versions": [str(number) for number in sorted(versions)],
         "platform": PLATFORMS.get(engine.backend.name, engine.backend.name),
         "inputs": [
             {"name": "image", "datatype": "BYTES", "shape": [-1]},
@@ -138,29 +132,35 @@ async def infer(request: Request, name: str, version: str | None = None) -> Resp
 
 
 async def _infer(server: ServerState, request: Request, name: str, version: str | None) -> Response:
-    _check_model(server, name, version)
-    serving = server.require_ready()
-    settings, metrics = server.settings, server.metrics
-    ticket = admit(request, serving)
+    predictor = server.require_ready()
+    settings = server.settings
+    arrived = request_start_of(request.scope)
+    admitted = admit(request, predictor, name, version)
     try:
+        serving = admitted.version
         body = await read_within(
-            request, ticket, lambda reserve: read_raw(request, settings.max_image_bytes, reserve)
-        )
+            predictor, admitted,
+            lambda reserve: read_raw(request, settings.max_image_bytes, reserve),
+        )  # fmt: skip
         document, binary = parse_request(bytes(body), request.headers.get(HEADER_LENGTH))
         del body
-        call = call_for(request, serving, *_schedule(document))
+        timeout, priority = _schedule(document)
+        deadline = predictor.deadline(admitted, timeout, arrived)
+        level = predictor.priority_level(admitted, priority)
         (tensor,) = _one_input(read_inputs(document, binary))
         del binary
-        outputs = _requested_outputs(document, serving.engine)
-        images = await _prepare(request, serving, tensor)
-        k = max((count or serving.engine.num_classes) for _, count, _ in outputs)
-        items = [InferenceRequest(image, k) for image in images]
-        predictions = await predict_all(request, serving, items, call, ticket)
+        outputs = _requested_outputs(document, admitted.engine)
+        images = await predictor.prepare(admitted, _inputs(tensor))
+        k = max((count or admitted.engine.num_classes) for _, count, _ in outputs)
+        predictions = await predictor.predict(
+            admitted, images, k, deadline, level, lambda: disconnected(request.receive)
+        )
+        engine = admitted.engine
     finally:
-        ticket.close()
-    started = asyncio.get_running_loop().time()
-    response = _response(document, name, serving.engine, outputs, predictions)
-    metrics.observe_stage("serialize", asyncio.get_running_loop().time() - started)
+        admitted.close()
+    started = time.perf_counter()
+    response = _response(document, serving, engine, outputs, predictions)
+    serving.metrics.observe_stage("serialize", time.perf_counter() - started)
     mark_outcome(request.scope, "ok")
     return response
 
@@ -206,46 +206,27 @@ def _requested_outputs(
     return outputs
 
 
-async def _prepare(request: Request, serving: Serving, tensor: Tensor) -> list[PreparedImage]:
-    engine = serving.engine
-    max_images = serving.batcher.config.max_queue_size
+def _inputs(tensor: Tensor) -> Inputs:
+    """The protocol's three inputs, as the serving core takes them."""
     if tensor.name == "image" and tensor.datatype == "BYTES":
         if len(tensor.shape) not in (1, 2) or tensor.shape[1:] not in ((), (1,)):
             raise MalformedTensorError("input 'image' must have shape [N] (or [N, 1])")
-        items = tensor.items or []
-        _count(len(items), max_images)
-        return list(await asyncio.gather(*(decode(request, serving, data) for data in items)))
-    array = tensor.array
-    assert array is not None or tensor.datatype == "BYTES"
-    crop = engine.transform.crop_size
-    if tensor.name == "pixels" and tensor.datatype == "UINT8" and array is not None:
-        if array.ndim != 4 or array.shape[3] != 3:
+        return Inputs("encoded", tensor.items or [])
+    if tensor.name == "pixels" and tensor.datatype == "UINT8" and tensor.array is not None:
+        if tensor.array.ndim != 4 or tensor.array.shape[3] != 3:
             raise MalformedTensorError("input 'pixels' must have shape [N, H, W, 3]")
-        _count(array.shape[0], max_images)
-        pixels = torch.from_numpy(np.ascontiguousarray(array)).permute(0, 3, 1, 2)
-        return [prepare_pixels(image, engine.transform, engine.limits) for image in pixels]
-    if tensor.name == "tensor" and tensor.datatype == "FP32" and array is not None:
-        if tuple(array.shape[1:]) != (3, crop, crop):
-            raise MalformedTensorError(f"input 'tensor' must have shape [N, 3, {crop}, {crop}]")
-        _count(array.shape[0], max_images)
-        values = torch.from_numpy(np.array(array, dtype=np.float32))
-        if not torch.isfinite(values).all():
-            raise MalformedTensorError("input 'tensor' holds NaN or infinite values")
-        return [prepare_normalized(image) for image in values]
+        return Inputs("pixels", tensor.array)
+    if tensor.name == "tensor" and tensor.datatype == "FP32" and tensor.array is not None:
+        return Inputs("tensor", tensor.array)
     raise MalformedTensorError(
         f"unknown input {tensor.name!r} of {tensor.datatype}: send image (BYTES), pixels "
         f"(UINT8) or tensor (FP32)"
     )
 
 
-def _count(images: int, limit: int) -> None:
-    if not 1 <= images <= limit:
-        raise MalformedTensorError(f"a request carries 1 to {limit} images, not {images}")
-
-
 def _response(
     document: InferenceRequestBody,
-    name: str,
+    serving: ModelVersion,
     engine: InferenceEngine,
     outputs: list[tuple[str, int | None, bool]],
     predictions: list[Prediction],
@@ -268,7 +249,11 @@ def _response(
             item, raw = output_entry(output, labels, [len(predictions), count], binary)
         entries.append(item)
         chunks.append(raw)
-    payload: dict[str, Any] = {"model_name": name, "model_version": VERSION, "outputs": entries}
+    payload: dict[str, Any] = {
+        "model_name": serving.model,
+        "model_version": str(serving.version),
+        "outputs": entries,
+    }
     if document.id is not None:
         payload["id"] = document.id
     header = orjson.dumps(payload)

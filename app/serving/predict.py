@@ -1,0 +1,232 @@
+"""The prediction path every front end calls: admission, decoding, deadline, priority, the
+batcher, and withdrawing when the caller goes away. It knows nothing of HTTP or gRPC.
+
+A front end names the model and version, admits the request (before reading its body, so that
+an overloaded server refuses at once), reads the body counting its bytes against the ticket,
+then hands over the inputs: encoded images, decoded pixels or normalised tensors. Each image is
+one batcher item, whatever the front end, so images of different clients share batches.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import math
+import time
+from collections.abc import Awaitable, Callable, Sequence
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass
+from typing import Any, Literal
+
+import numpy as np
+import torch
+
+from app.engine import InferenceEngine, InferenceRequest, Prediction
+from app.errors import InvalidInputError, InvalidParameterError, OverloadedError
+from app.metrics import Metrics
+from app.serving.admission import Admission, Ticket
+from app.serving.registry import Registry
+from app.serving.version import ModelVersion
+from app.settings import Settings
+from preprocessing import Buffer, PreparedImage, prepare_normalized, prepare_pixels
+
+
+class Cancelled(Exception):
+    """The caller went away while its request waited."""
+
+
+@dataclass(frozen=True)
+class Inputs:
+    """What a request carries: ``encoded`` images (bytes each), ``pixels`` (UINT8
+    ``[N, H, W, 3]``) or ``tensor`` (FP32 ``[N, 3, crop, crop]``, normalised)."""
+
+    kind: Literal["encoded", "pixels", "tensor"]
+    items: Sequence[Buffer] | np.ndarray[Any, Any]
+
+    def __len__(self) -> int:
+        return len(self.items)
+
+
+class Admitted:
+    """An admitted request: the version that will answer it and its admission ticket. Closed
+    when the request is answered (or fails), in every case."""
+
+    def __init__(self, version: ModelVersion, ticket: Ticket) -> None:
+        self.version = version
+        self.ticket = ticket
+        self._open = True
+        version.enter()
+
+    @property
+    def engine(self) -> InferenceEngine:
+        engine = self.version.engine
+        assert engine is not None  # a version admits only while it serves
+        return engine
+
+    def close(self) -> None:
+        if self._open:
+            self._open = False
+            self.ticket.close()
+            self.version.leave()
+
+
+class Predictor:
+    """The serving core: every front end's way to a prediction."""
+
+    def __init__(
+        self,
+        settings: Settings,
+        registry: Registry,
+        admission: Admission,
+        metrics: Metrics,
+        decode_pool: ThreadPoolExecutor,
+    ) -> None:
+        self.settings = settings
+        self.registry = registry
+        self.admission = admission
+        self.metrics = metrics
+        self.decode_pool = decode_pool
+
+    def admit(
+        self, model: str | None, version: str | int | None, declared_bytes: int = 0
+    ) -> Admitted:
+        """Find the version and admit one request of ``declared_bytes`` for it (at most
+        ``MAX_IMAGE_BYTES``: a larger body is refused once read), or raise a typed error
+        (not found, not ready, overloaded) before anything is read."""
+        serving = self.registry.resolve(model, version)
+        if not serving.ready:
+            from app.errors import NotReadyError
+
+            raise NotReadyError(f"{serving.name} is {serving.reason}",
+                                headers={"Retry-After": "1"})  # fmt: skip
+        try:
+            ticket = self.admission.admit(
+                serving.model, min(declared_bytes, self.settings.max_image_bytes)
+            )
+        except OverloadedError:
+            self.metrics.on_reject("overloaded", serving.model)
+            raise
+        return Admitted(serving, ticket)
+
+    def reserve(self, admitted: Admitted, total_bytes: int) -> None:
+        """Count ``total_bytes`` of the body read so far against the ticket."""
+        try:
+            admitted.ticket.reserve(total_bytes)
+        except OverloadedError:  # the body outgrew what is left of MAX_QUEUE_BYTES
+            self.metrics.on_reject("overloaded", admitted.version.model)
+            raise
+
+    def deadline(
+        self, admitted: Admitted, timeout_s: float | None, arrived: float
+    ) -> float:
+        """The batcher deadline of a request that arrived at ``arrived`` (perf_counter) with
+        ``timeout_s`` (None: ``REQUEST_TIMEOUT_MS`` of its model)."""
+        if timeout_s is not None and (not math.isfinite(timeout_s) or timeout_s <= 0):
+            raise InvalidParameterError("the timeout must be a positive number")
+        batcher = admitted.version.batcher
+        assert batcher is not None
+        waited = time.perf_counter() - arrived
+        return batcher.now() + (timeout_s or admitted.version.settings.request_timeout_s) - waited
+
+    def top_k(self, admitted: Admitted, requested: int | None) -> int:
+        """How many classes to return: ``requested`` (None: the model's ``TOP_K``), at most
+        the model's classes."""
+        k = admitted.version.settings.top_k if requested is None else requested
+        classes = admitted.engine.num_classes
+        if not 1 <= k <= classes:
+            raise InvalidParameterError(f"top_k must be at most {classes}")
+        return k
+
+    def priority_level(self, admitted: Admitted, priority: int | None) -> int:
+        """The batcher level of a priority on the protocol's scale: 1 first, up to
+        ``PRIORITY_LEVELS``; 0 or None is ``DEFAULT_PRIORITY``."""
+        settings = admitted.version.settings
+        if priority is not None and not 0 <= priority <= settings.priority_levels:
+            raise InvalidParameterError(
+                f"priority must be between 0 (the default) and {settings.priority_levels}"
+            )
+        return (priority or settings.default_priority) - 1
+
+    async def prepare(self, admitted: Admitted, inputs: Inputs) -> list[PreparedImage]:
+        """Check the inputs against the model and decode (on the CPU: decode, resize, crop)
+        in the decode threads."""
+        engine = admitted.engine
+        limit = self.settings.max_queue_size
+        if not 1 <= len(inputs) <= limit:
+            raise InvalidInputError(f"a request carries 1 to {limit} images, not {len(inputs)}")
+        loop = asyncio.get_running_loop()
+        stage = admitted.version.metrics.observe_stage
+        if inputs.kind == "encoded":
+            images = await asyncio.gather(*(
+                loop.run_in_executor(self.decode_pool, engine.prepare, data)
+                for data in inputs.items
+            ))  # fmt: skip
+            for image in images:
+                if image.pixels is not None:  # decoded here; a device decode is timed per batch
+                    stage("decode", image.decode_s)
+            return list(images)
+        array = np.asarray(inputs.items)
+        if inputs.kind == "pixels":
+            if array.ndim != 4 or array.shape[3] != 3 or array.dtype != np.uint8:
+                raise InvalidInputError("pixels must be UINT8 of shape [N, H, W, 3]")
+            pixels = torch.from_numpy(np.ascontiguousarray(array)).permute(0, 3, 1, 2)
+
+            def resize() -> list[PreparedImage]:
+                return [prepare_pixels(image, engine.transform, engine.limits) for image in pixels]
+
+            return await loop.run_in_executor(self.decode_pool, resize)
+        crop = engine.transform.crop_size
+        if tuple(array.shape[1:]) != (3, crop, crop):
+            raise InvalidInputError(f"a tensor must have shape [N, 3, {crop}, {crop}]")
+        values = torch.from_numpy(np.array(array, dtype=np.float32))
+        if not torch.isfinite(values).all():
+            raise InvalidInputError("the tensor holds NaN or infinite values")
+        return [prepare_normalized(image) for image in values]
+
+    async def predict(
+        self,
+        admitted: Admitted,
+        images: Sequence[PreparedImage],
+        top_k: int,
+        deadline: float,
+        level: int,
+        cancelled: Callable[[], Awaitable[Any]] | None = None,
+    ) -> list[Prediction]:
+        """Each image as its own batcher item (they may share batches with other clients'
+        items); the results in order, or the first error, or ``Cancelled`` when what
+        ``cancelled()`` returns completes first (the caller went away). The other items are withdrawn as soon as one fails or
+        the caller goes away."""
+        batcher = admitted.version.batcher
+        assert batcher is not None
+        # The ticket hands its bytes to the batcher in one step (nothing is awaited in
+        # between), so that admission never sees them counted twice or not at all.
+        admitted.ticket.close()
+        futures: list[asyncio.Future[Prediction]] = []
+        try:
+            for image in images:
+                cost = len(image.data) if image.data is not None else 0  # kept for the device
+                futures.append(batcher.enqueue(InferenceRequest(image, top_k), deadline,
+                                               cost=cost, priority=level))  # fmt: skip
+            return await _gather_or_cancel(futures, cancelled)
+        finally:
+            for future in futures:
+                future.cancel()  # no-op for the finished ones; withdraws the rest
+
+
+async def _gather_or_cancel(
+    futures: list[asyncio.Future[Prediction]], cancelled: Callable[[], Awaitable[Any]] | None
+) -> list[Prediction]:
+    everything = asyncio.gather(*futures)
+    if cancelled is None:
+        return await everything
+    watcher = asyncio.ensure_future(cancelled())
+    try:
+        await asyncio.wait((everything, watcher), return_when=asyncio.FIRST_COMPLETED)
+    finally:
+        watcher.cancel()
+    if everything.done():
+        return everything.result()
+    everything.cancel()
+    with contextlib.suppress(asyncio.CancelledError):
+        await everything
+    raise Cancelled

@@ -1,0 +1,230 @@
+"""Every model the process serves, by name and version; loading, reloading and unloading them
+without dropping a request.
+
+Loading a model (again) reads its config and versions now, builds every version its policy
+serves (export, start-up check or INT8 gate, warm-up) while the versions already loaded keep
+serving, and only then switches: a request that found the old version finishes on it, the next
+one finds the new. The old versions then stop admitting, answer every request they accepted,
+and are freed. A load that fails leaves the serving versions as they were. Forward passes of
+models on one device are serialised by one lock per device, so that two models never compete
+for the same cores (or the same GPU) inside one batch.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import threading
+from collections.abc import Callable
+from typing import Any
+
+from app.errors import NotFoundError, NotReadyError, ServiceError
+from app.metrics import Metrics
+from app.serving.admission import Admission
+from app.serving.repository import ModelSpec, model_names, read_model, single_model
+from app.serving.version import ModelVersion, VersionState
+from app.settings import Settings
+
+logger = logging.getLogger("batchserve")
+
+
+class LoadError(ServiceError):
+    """A model could not be loaded: its config, its files, its check or its gate."""
+
+    status, code, outcome = 400, "load_failed", "invalid"
+
+
+class Registry:
+    """Models by name, each a set of loaded versions; the serving ones are swapped whole."""
+
+    def __init__(
+        self,
+        settings: Settings,
+        metrics: Metrics,
+        admission: Admission,
+        on_failure: Callable[[str], None] | None = None,
+    ) -> None:
+        self.settings = settings
+        self.metrics = metrics
+        self.admission = admission
+        self._on_failure = on_failure
+        self._serving: dict[str, dict[int, ModelVersion]] = {}
+        self._loading: dict[str, list[ModelVersion]] = {}
+        self._history: dict[str, list[dict[str, Any]]] = {}  # unloaded or failed, for the index
+        self._locks: dict[str, asyncio.Lock] = {}
+        self._device_locks: dict[str, threading.Lock] = {}
+
+    # -- what exists -------------------------------------------------------------------
+
+    def available(self) -> list[str]:
+        """Every model that can be loaded: the repository's, or the one of the settings."""
+        root = self.settings.model_repository
+        return model_names(root) if root is not None else [self.settings.served_name]
+
+    def spec(self, name: str) -> ModelSpec:
+        root = self.settings.model_repository
+        if root is None:
+            if name != self.settings.served_name:
+                raise NotFoundError(f"unknown model {name!r}; this server serves "
+                                    f"{self.settings.served_name!r}")  # fmt: skip
+            return single_model(self.settings)
+        from app.serving.repository import RepositoryError
+
+        if name not in model_names(root):
+            raise NotFoundError(f"unknown model {name!r}; the repository has "
+                                f"{', '.join(model_names(root)) or 'none'}")  # fmt: skip
+        try:
+            return read_model(root, name, self.settings)
+        except RepositoryError as exc:
+            raise LoadError(f"cannot load {name!r}: {exc}") from None
+
+    @property
+    def models(self) -> dict[str, dict[int, ModelVersion]]:
+        """The serving versions of every loaded model."""
+        return self._serving
+
+    # -- finding a version for a request ----------------------------------------------
+
+    def resolve(self, name: str | None, version: str | int | None = None) -> ModelVersion:
+        """The version that serves a request for ``name`` (None: ``DEFAULT_MODEL``, or the
+        only model) and ``version`` (None: the highest ready one)."""
+        if name is None:
+            name = self.default_name()
+        versions = self._serving.get(name)
+        if not versions:
+            if name in self._loading:
+                raise NotReadyError(f"model {name!r} is loading", headers={"Retry-After": "1"})
+            if name in self._history or name in self.available():
+                raise NotFoundError(f"model {name!r} has no version loaded")
+            raise NotFoundError(f"unknown model {name!r}")
+        if version is None:
+            return max(versions.values(), key=lambda each: each.version)
+        number = _version_number(version)
+        found = versions.get(number) if number is not None else None
+        if found is None:
+            served = ", ".join(str(v) for v in sorted(versions))
+            raise NotFoundError(f"model {name!r} has no version {version!r} loaded ({served})")
+        return found
+
+    def default_name(self) -> str:
+        default = self.settings.default_model
+        if default is not None:
+            return default
+        if len(self._serving) == 1:
+            return next(iter(self._serving))
+        raise NotFoundError(
+            f"name a model (?model=...): this server serves {', '.join(sorted(self._serving))}"
+        )
+
+    # -- loading and unloading ------------------------------------------------------------
+
+    async def load(self, name: str) -> None:
+        """Load ``name`` or reload it (its config and versions read now); ``LoadError`` when
+        any version fails, the serving ones untouched."""
+        async with self._lock(name):
+            spec = self.spec(name)
+            if not spec.versions:
+                raise LoadError(f"cannot load {name!r}: its version policy selects no version")
+            built: list[ModelVersion] = []
+            self._loading[name] = built
+            try:
+                for version_spec in spec.versions:
+                    version = ModelVersion(
+                        name, version_spec.version, version_spec.settings,
+                        self.metrics.version(name, str(version_spec.version)),
+                    )  # fmt: skip
+                    built.append(version)
+                    await version.load(self._device_lock(version), self._batching_failed)
+            except Exception as exc:
+                logger.error("loading %s failed: %s", name, exc)
+                for version in built:
+                    await version.unload(0, "discarded: the load failed")
+                if name not in self._serving:
+                    self._history[name] = [version.describe() for version in built]
+                raise LoadError(f"cannot load {name!r}: {exc}") from exc
+            finally:
+                self._loading.pop(name, None)
+            previous = self._serving.get(name, {})
+            for version in built:
+                assert version.batcher is not None
+                self.admission.add(name, version.batcher)
+            self._serving[name] = {version.version: version for version in built}
+            self._history.pop(name, None)
+            kept = {version.version for version in built}
+            await self._retire(name, list(previous.values()), kept, "replaced by a reload")
+
+    async def unload(self, name: str) -> None:
+        """Stop serving ``name``: its versions answer what they accepted, then go."""
+        async with self._lock(name):
+            versions = self._serving.pop(name, None)
+            if versions is None:
+                if name in self._history or name in self.available():
+                    return  # already unloaded: nothing to do, as Triton answers
+                raise NotFoundError(f"unknown model {name!r}")
+            await self._retire(name, list(versions.values()), set(), "unloaded")
+            self._history[name] = [version.describe() for version in versions.values()]
+
+    async def aclose(self) -> None:
+        """Unload every model (the process is stopping)."""
+        for name in list(self._serving):
+            await self.unload(name)
+
+    async def abort(self) -> None:
+        """Answer every queued request of every version now (503): the drain timed out."""
+        batchers = [version.batcher for versions in self._serving.values()
+                    for version in versions.values()]  # fmt: skip
+        await asyncio.gather(*(batcher.aclose(drain_timeout=0) for batcher in batchers
+                               if batcher is not None))  # fmt: skip
+
+    async def _retire(
+        self, name: str, versions: list[ModelVersion], kept: set[int], reason: str
+    ) -> None:
+        timeout = self.settings.drain_timeout_s
+        batchers = [version.batcher for version in versions]
+        await asyncio.gather(*(version.unload(timeout, reason) for version in versions))
+        for version, batcher in zip(versions, batchers, strict=True):
+            if batcher is not None:
+                self.admission.remove(name, batcher)
+            if version.version not in kept:
+                self.metrics.forget(name, str(version.version))
+
+    # -- the index ------------------------------------------------------------------------
+
+    def index(self) -> list[dict[str, Any]]:
+        """Every model of the repository, and each version's state (Triton's repository
+        index: ``name``, ``version``, ``state``, ``reason``)."""
+        entries: list[dict[str, Any]] = []
+        for name in sorted(set(self.available()) | set(self._serving) | set(self._loading)):
+            if name in self._loading:
+                entries += [version.describe() for version in self._loading[name]]
+            if name in self._serving:
+                entries += [version.describe()
+                            for _, version in sorted(self._serving[name].items())]  # fmt: skip
+            elif name in self._history:
+                entries += self._history[name]
+            elif name not in self._loading:
+                entries.append({"name": name, "state": VersionState.UNAVAILABLE.value,
+                                "reason": "not loaded"})  # fmt: skip
+        return entries
+
+    # -- internals ------------------------------------------------------------------------
+
+    def _lock(self, name: str) -> asyncio.Lock:
+        return self._locks.setdefault(name, asyncio.Lock())
+
+    def _device_lock(self, version: ModelVersion) -> threading.Lock:
+        from app.engine import resolve_device
+
+        settings = version.settings
+        device = str(resolve_device(settings.device, settings.worker_index))
+        return self._device_locks.setdefault(device, threading.Lock())
+
+    def _batching_failed(self, version: ModelVersion, error: BaseException) -> None:
+        if self._on_failure is not None:
+            self._on_failure(f"the batching loop of {version.name} failed")
+
+
+def _version_number(version: str | int) -> int | None:
+    if isinstance(version, int):
+        return version
+    return int(version) if version.isdigit() else None

@@ -1,0 +1,138 @@
+"""One loaded version of a model: its engine, its batcher, its metrics, and its state.
+
+A version is built off the event loop (load, export or artefact, start-up check or INT8 gate,
+warm-up), then serves; when it is replaced or unloaded it stops admitting, finishes every
+request it accepted, closes its batcher and lets its engine go.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import enum
+import gc
+import logging
+import threading
+from typing import Any
+
+from app.engine import InferenceEngine, InferenceRequest, Prediction, build_engine
+from app.metrics import VersionMetrics
+from app.settings import Settings
+from batching import DynamicBatcher, ExecutionTimeModel
+
+logger = logging.getLogger("batchserve")
+
+
+class VersionState(enum.StrEnum):
+    """As Triton's repository index names them."""
+
+    LOADING = "LOADING"
+    READY = "READY"
+    UNLOADING = "UNLOADING"
+    UNAVAILABLE = "UNAVAILABLE"
+
+
+class ModelVersion:
+    """A model version from loading to unloading. ``enter``/``leave`` count the requests it
+    accepted, so that it is freed only after the last one is answered."""
+
+    def __init__(
+        self, model: str, version: int, settings: Settings, metrics: VersionMetrics
+    ) -> None:
+        self.model = model
+        self.version = version
+        self.settings = settings
+        self.metrics = metrics
+        self.state = VersionState.LOADING
+        self.reason = "loading"
+        self.engine: InferenceEngine | None = None
+        self.batcher: DynamicBatcher[InferenceRequest, Prediction] | None = None
+        self.active = 0
+        self._idle = asyncio.Event()
+        self._idle.set()
+        self._on_failure: Any = None
+
+    @property
+    def name(self) -> str:
+        return f"{self.model}/{self.version}"
+
+    @property
+    def ready(self) -> bool:
+        return self.state is VersionState.READY
+
+    async def load(self, device_lock: threading.Lock | None, on_failure: Any = None) -> None:
+        """Build, check (or gate) and warm up the engine, then start the batcher. Raises what
+        the build raises; the version is then ``UNAVAILABLE``."""
+        settings = self.settings
+        config = settings.batch_config(_device_type(settings))
+        try:
+            engine = await asyncio.to_thread(
+                build_engine, settings, config, self.metrics, device_lock=device_lock
+            )
+            warmup = await asyncio.to_thread(engine.warmup)
+        except BaseException as exc:
+            self.state, self.reason = VersionState.UNAVAILABLE, f"failed to load: {exc}"
+            raise
+        timings = ExecutionTimeModel()
+        for size, seconds in warmup.items():
+            timings.observe(size, seconds)
+        self.engine = engine
+        self.batcher = DynamicBatcher(
+            engine.run_batch,
+            config,
+            observer=self.metrics,
+            timings=timings,
+            on_failure=lambda error: on_failure(self, error) if on_failure else None,
+        )
+        self.batcher.start()
+        self.metrics.serving(
+            engine.device, engine.precision, engine.backend.name,
+            lambda: self.batcher.queue_depth if self.batcher else 0,
+            lambda: self.batcher.inflight_batches if self.batcher else 0,
+        )  # fmt: skip
+        self.state, self.reason = VersionState.READY, ""
+        self.metrics.ready(True)
+        logger.info(
+            "serving %s: %s (%s weights) on %s in %s with %s %s; batches up to %d, window %.1f ms",
+            self.name, engine.name, engine.weights, engine.device, engine.precision,
+            engine.backend.name, engine.backend.variant, config.max_batch_size,
+            config.max_queue_delay_s * 1000,
+        )  # fmt: skip
+
+    def enter(self) -> None:
+        self.active += 1
+        self._idle.clear()
+
+    def leave(self) -> None:
+        self.active -= 1
+        if self.active <= 0:
+            self._idle.set()
+
+    async def unload(self, drain_timeout_s: float, reason: str = "unloaded") -> None:
+        """Stop admitting, answer every accepted request (up to ``drain_timeout_s``; the rest
+        get 503), close the batcher and free the engine."""
+        if self.state is VersionState.UNAVAILABLE:
+            return
+        self.state, self.reason = VersionState.UNLOADING, "unloading"
+        self.metrics.ready(False)
+        try:
+            await asyncio.wait_for(self._idle.wait(), drain_timeout_s)
+        except TimeoutError:
+            logger.warning("%s: %d request(s) still in progress after %.1f s: answering 503",
+                           self.name, self.active, drain_timeout_s)  # fmt: skip
+        if self.batcher is not None:
+            await self.batcher.aclose(drain_timeout_s)
+        self.batcher = None
+        self.engine = None
+        self.state, self.reason = VersionState.UNAVAILABLE, reason
+        gc.collect()  # the engine's tensors and runtime sessions, now rather than later
+        logger.info("%s %s", self.name, reason)
+
+    def describe(self) -> dict[str, Any]:
+        return {"name": self.model, "version": str(self.version), "state": self.state.value,
+                "reason": self.reason}  # fmt: skip
+
+
+def _device_type(settings: Settings) -> str:
+    from app.engine import resolve_device
+
+    return resolve_device(settings.device, settings.worker_index).type
