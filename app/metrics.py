@@ -77,7 +77,9 @@ class Metrics:
             registry=r,
         )
         self.inflight_batches = Gauge(
-            "batchserve_inflight_batches", "Batches being prepared or executed", _VERSION,
+            "batchserve_inflight_batches",
+            "Batches being prepared or executed",
+            _VERSION,
             registry=r,
         )
         self.batch_size = Histogram(

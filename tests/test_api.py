@@ -117,8 +117,7 @@ async def test_metrics_exposes_the_documented_names(client: httpx.AsyncClient) -
         'batchserve_stage_seconds_bucket{le="0.001",model="color_classifier",stage="decode",'
         'version="1"}',
         'batchserve_stage_seconds_count{model="color_classifier",stage="forward",version="1"}',
-        'batchserve_stage_seconds_count{model="color_classifier",stage="postprocess",'
-        'version="1"}',
+        'batchserve_stage_seconds_count{model="color_classifier",stage="postprocess",version="1"}',
         f'batchserve_device_busy_seconds_total{{device="cpu",{one}}}',
         'batchserve_model_info{backend="torch",device="cpu",model="color_classifier",'
         'precision="fp32",version="1"}',
@@ -130,8 +129,12 @@ async def test_metrics_exposes_the_documented_names(client: httpx.AsyncClient) -
         "process_resident_memory_bytes",
     ):
         assert name in text, name
-    assert metric(text, 'batchserve_requests_total{model="color_classifier",outcome="ok",'
-                        'route="predict"}') == 1
+    assert (
+        metric(
+            text, 'batchserve_requests_total{model="color_classifier",outcome="ok",route="predict"}'
+        )
+        == 1
+    )
     assert metric(text, 'batchserve_requests_total{outcome="invalid",route="predict"}') == 1
     assert metric(text, "batchserve_device_busy_seconds_total") > 0
 
@@ -349,7 +352,8 @@ async def test_a_crashed_batching_loop_turns_readiness_off(
         ready = await client.get("/readyz")
         assert ready.status_code == 503
         assert ready.json() == {
-            "status": "not_ready", "state": "failed", "reason": "the batching loop of color_classifier/1 failed"
+            "status": "not_ready", "state": "failed",
+            "reason": "the batching loop of color_classifier/1 failed",
         }  # fmt: skip
         again = await client.post("/predict", content=images.jpeg(), headers=JPEG)
         assert_error(again, 503, "not_ready")

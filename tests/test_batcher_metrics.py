@@ -18,7 +18,6 @@ from batching import (
 )
 from tests.fakes import GatedRun, settle, until
 
-
 ONE = {"model": "m", "version": "1"}
 
 

@@ -64,19 +64,19 @@ _ERRORS: dict[int | str, dict[str, Any]] = {
 async def predict(
     request: Request,
     top_k: Annotated[int | None, Query(ge=1, description="classes to return")] = None,
-    model: Annotated[str | None, Query(description="the model (default: DEFAULT_MODEL, or "
-                                       "the only one)")] = None,
-    version: Annotated[int | None, Query(ge=1, description="its version (default: the "
-                                         "highest serving)")] = None,
+    model: Annotated[
+        str | None, Query(description="the model (default: DEFAULT_MODEL, or the only one)")
+    ] = None,
+    version: Annotated[
+        int | None, Query(ge=1, description="its version (default: the highest serving)")
+    ] = None,
 ) -> Response:
     """Send the image as the raw body (``Content-Type: image/*``) or as multipart field ``file``.
 
     ``X-Request-Timeout-Ms`` sets this request's deadline (default: the model's);
     ``X-Priority`` its priority (1 first, up to ``PRIORITY_LEVELS``; 0: the default).
     """
-    return await guarded(
-        request, lambda server: _predict(server, request, top_k, model, version)
-    )
+    return await guarded(request, lambda server: _predict(server, request, top_k, model, version))
 
 
 async def _predict(

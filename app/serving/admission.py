@@ -22,7 +22,6 @@ from typing import Protocol
 
 from app.errors import OverloadedError
 
-
 # Of each model's fair share (1/N of a limit), the part no other model may take.
 GUARANTEED_SHARE = 0.5
 

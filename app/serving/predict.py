@@ -116,9 +116,7 @@ class Predictor:
             self.metrics.on_reject("overloaded", admitted.version.model)
             raise
 
-    def deadline(
-        self, admitted: Admitted, timeout_s: float | None, arrived: float
-    ) -> float:
+    def deadline(self, admitted: Admitted, timeout_s: float | None, arrived: float) -> float:
         """The batcher deadline of a request that arrived at ``arrived`` (perf_counter) with
         ``timeout_s`` (None: ``REQUEST_TIMEOUT_MS`` of its model)."""
         if timeout_s is not None and (not math.isfinite(timeout_s) or timeout_s <= 0):
@@ -194,8 +192,8 @@ class Predictor:
     ) -> list[Prediction]:
         """Each image as its own batcher item (they may share batches with other clients'
         items); the results in order, or the first error, or ``Cancelled`` when what
-        ``cancelled()`` returns completes first (the caller went away). The other items are withdrawn as soon as one fails or
-        the caller goes away."""
+        ``cancelled()`` returns completes first (the caller went away). The other items are
+        withdrawn as soon as one fails or the caller goes away."""
         batcher = admitted.version.batcher
         assert batcher is not None
         # The ticket hands its bytes to the batcher in one step (nothing is awaited in
