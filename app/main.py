@@ -20,7 +20,7 @@ from app.logs import configure_logging
 from app.metrics import Metrics
 from app.outcomes import OutcomeMiddleware
 from app.requestid import RequestIdMiddleware
-from app.routes import health, metrics, models, predict, v2
+from app.routes import health, metrics, models, predict, repository, v2
 from app.serving.admission import Admission
 from app.serving.predict import Predictor
 from app.serving.registry import Registry
@@ -65,6 +65,7 @@ def create_app(settings: Settings | None = None) -> FastAPI:
     app.include_router(predict.router, dependencies=protected)
     app.include_router(models.router, dependencies=protected)
     app.include_router(v2.router, dependencies=protected)
+    app.include_router(repository.router, dependencies=protected)
     app.include_router(metrics.router, dependencies=protected if settings.protect_metrics else [])
     app.include_router(health.router)
     app.include_router(v2.health)

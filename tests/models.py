@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import threading
 import time
 
 import torch
@@ -146,3 +147,32 @@ class ConvColorClassifier(nn.Module):
 
 def conv_color_classifier() -> nn.Module:
     return ConvColorClassifier()
+
+
+class OverlapProbe(ColorClassifier):
+    """Records how many forward passes run at once, across every instance: two models sharing
+    a device must never overlap. Each pass takes ``OverlapProbe.seconds``. Serve it with
+    ``COMPILE=none`` (tracing keeps tensor operations only)."""
+
+    seconds = 0.0
+    running = 0
+    most = 0
+    passes = 0
+    _lock = threading.Lock()
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        with OverlapProbe._lock:
+            OverlapProbe.running += 1
+            OverlapProbe.passes += 1
+            OverlapProbe.most = max(OverlapProbe.most, OverlapProbe.running)
+        try:
+            if OverlapProbe.seconds > 0:
+                time.sleep(OverlapProbe.seconds)
+            return super().forward(x)
+        finally:
+            with OverlapProbe._lock:
+                OverlapProbe.running -= 1
+
+
+def overlap_probe() -> nn.Module:
+    return OverlapProbe()

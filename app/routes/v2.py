@@ -45,7 +45,7 @@ router = APIRouter(prefix="/v2", tags=["Open Inference Protocol (KServe v2)"])
 health = APIRouter(prefix="/v2", tags=["Open Inference Protocol (KServe v2)"])
 
 OUTPUT = "probabilities"
-EXTENSIONS = ["binary_tensor_data", "classification"]
+EXTENSIONS = ["binary_tensor_data", "classification", "model_repository"]
 PLATFORMS = {"torch": "pytorch_libtorch", "onnxruntime": "onnxruntime_onnx",
              "openvino": "openvino"}  # fmt: skip
 HEADER_LENGTH = "inference-header-content-length"

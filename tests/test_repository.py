@@ -1,0 +1,266 @@
+"""Several models in one server: the repository on disk, versions and their policy, routes per
+model and version, model control, reload without downtime, and one device shared fairly."""
+
+from __future__ import annotations
+
+import asyncio
+import base64
+import shutil
+from pathlib import Path
+from typing import Any
+
+import httpx
+import pytest
+
+from app.serving.repository import RepositoryError, read_model, single_model
+from tests import images
+from tests.checks import metric
+from tests.conftest import make_settings, serve
+from tests.models import OverlapProbe
+from tests.repository import add_model, add_version, colour_repository, toml
+
+JPEG = {"content-type": "image/jpeg"}
+PHOTO = images.jpeg(images.photo(200, 150, seed=3))
+
+
+# -- the repository on disk ----------------------------------------------------------------
+
+
+def test_a_model_and_its_versions_are_read_with_their_settings(tmp_path: Path) -> None:
+    (tmp_path / "labels.txt").write_text("\n".join(f"class {i}" for i in range(12)) + "\n")
+    add_model(tmp_path, "colors", (1, 2, 3), model="tests.models:color_classifier",
+              labels="../labels.txt", version_policy="latest", latest_versions=2,
+              max_batch_size=16)  # fmt: skip
+    add_version(tmp_path, "colors", 3, scale=2.0, max_batch_size=4)
+    base = make_settings(max_queue_size=77)
+    spec = read_model(tmp_path, "colors", base)
+    assert [v.version for v in spec.versions] == [3, 2]  # the latest two, highest first
+    three, two = spec.versions
+    assert (three.settings.max_batch_size, two.settings.max_batch_size) == (4, 16)
+    assert three.settings.weights == str(tmp_path / "colors" / "3" / "model.pt")
+    assert two.settings.weights == "none"
+    # Relative paths resolve against the folder of the file that names them.
+    assert two.settings.labels == tmp_path / "colors" / ".." / "labels.txt"
+    # The process's settings are shared; a model key the config leaves out takes its default,
+    # not the environment's.
+    assert three.settings.max_queue_size == 77
+    assert three.settings.top_k == 5
+
+
+@pytest.mark.parametrize(
+    ("policy", "expected"),
+    [({"version_policy": "all"}, [3, 2, 1]), ({"version_policy": [1, 3]}, [3, 1]), ({}, [3])],
+)
+def test_version_policies(tmp_path: Path, policy: dict[str, Any], expected: list[int]) -> None:
+    add_model(tmp_path, "colors", (1, 2, 3), model="tests.models:color_classifier", **policy)
+    versions = read_model(tmp_path, "colors", make_settings()).versions
+    assert [v.version for v in versions] == expected
+
+
+def test_every_problem_is_one_line_naming_the_file_and_key(tmp_path: Path) -> None:
+    add_model(tmp_path, "broken", (1,), model="tests.models:color_classifier",
+              max_batch_size=0, colour="red", version_policy=[1, 5])  # fmt: skip
+    add_version(tmp_path, "broken", 1, precision="fp64")
+    with pytest.raises(RepositoryError) as raised:
+        read_model(tmp_path, "broken", make_settings())
+    lines = str(raised.value).splitlines()
+    config, override = (
+        tmp_path / "broken" / "config.toml",
+        tmp_path / "broken" / "1" / "config.toml",
+    )
+    assert any(line.startswith(f"{config}: unknown key 'colour'") for line in lines), lines
+    assert any(line.startswith(f"{config}: version_policy names versions with no folder: [5]")
+               for line in lines), lines  # fmt: skip
+    assert any(line.startswith(f"{override}: precision:") for line in lines), lines
+    assert any(line.startswith(f"{override}: max_batch_size:") for line in lines), lines
+    (tmp_path / "broken" / "config.toml").write_text("model = [unclosed")
+    with pytest.raises(RepositoryError, match="not readable TOML"):
+        read_model(tmp_path, "broken", make_settings())
+
+
+def test_without_a_repository_the_settings_are_the_one_model_version_1() -> None:
+    spec = single_model(make_settings(model_name="mine"))
+    assert (spec.name, [v.version for v in spec.versions]) == ("mine", [1])
+
+
+# -- serving several models ------------------------------------------------------------------
+
+
+async def predict(client: httpx.AsyncClient, query: str = "") -> httpx.Response:
+    return await client.post(f"/predict{query}", content=PHOTO, headers=JPEG)
+
+
+async def test_two_models_and_their_versions_from_one_process(tmp_path: Path) -> None:
+    root = colour_repository(tmp_path)
+    settings = make_settings(model_repository=root, default_model="colors")
+    async with serve(settings) as (_, client):
+        default = await predict(client)
+        latest = await predict(client, "?model=colors")
+        probe = await predict(client, "?model=probe&version=1")
+        assert (default.json()["model"], default.json()["version"]) == ("colors", "2")
+        assert latest.json() == default.json()
+        assert (probe.json()["model"], probe.json()["version"]) == ("probe", "1")
+        missing = await predict(client, "?model=colors&version=1")  # policy: latest only
+        assert missing.status_code == 404, missing.text
+        assert (await predict(client, "?model=nope")).status_code == 404
+        v2 = await client.post("/v2/models/probe/versions/1/infer", json={
+            "inputs": [{"name": "image", "datatype": "BYTES", "shape": [1],
+                        "data": [base64.b64encode(PHOTO).decode()]}],
+        })  # fmt: skip
+        assert v2.status_code == 200, v2.text
+        assert (v2.json()["model_name"], v2.json()["model_version"]) == ("probe", "1")
+        assert (await client.get("/v2/models/colors/versions/2/ready")).status_code == 200
+        assert (await client.get("/v2/models/colors/versions/1/ready")).status_code != 200
+        listed = (await client.get("/v1/models")).json()
+        text = (await client.get("/metrics")).text
+    assert [(m["model"], m["version"]) for m in listed["models"]] == [
+        ("colors", "2"),
+        ("probe", "1"),
+    ]
+    assert {(e["name"], e["state"]) for e in listed["repository"]} == {
+        ("colors", "READY"), ("probe", "READY"),
+    }  # fmt: skip
+    assert metric(text, 'batchserve_requests_total{model="colors",outcome="ok"}') == 2
+    assert metric(text, 'batchserve_batch_size_count{model="probe",version="1"}') == 2
+
+
+async def test_several_models_and_no_default_want_a_name(tmp_path: Path) -> None:
+    async with serve(make_settings(model_repository=colour_repository(tmp_path))) as (_, c):
+        response = await predict(c)
+    assert response.status_code == 404
+    assert "name a model" in response.json()["error"]["message"]
+
+
+# -- model control ----------------------------------------------------------------------
+
+
+async def test_explicit_control_loads_what_it_is_asked_to(tmp_path: Path) -> None:
+    settings = make_settings(model_repository=colour_repository(tmp_path),
+                             model_control="explicit", load_models=("probe",))  # fmt: skip
+    async with serve(settings) as (_, client):
+        index = (await client.post("/v2/repository/index")).json()
+        assert {"name": "colors", "state": "UNAVAILABLE", "reason": "not loaded"} in index
+        assert (await predict(client, "?model=colors")).status_code == 404
+        loaded = await client.post("/v2/repository/models/colors/load", json={})
+        assert loaded.status_code == 200, loaded.text
+        assert (await predict(client, "?model=colors")).json()["version"] == "2"
+        unloaded = await client.post(
+            "/v2/repository/models/probe/unload", json={"parameters": {"unload_dependents": False}}
+        )
+        assert unloaded.status_code == 200, unloaded.text
+        index = (await client.post("/v2/repository/index")).json()
+        assert {"name": "probe", "version": "1", "state": "UNAVAILABLE",
+                "reason": "unloaded"} in index  # fmt: skip
+        assert (await predict(client, "?model=probe")).status_code == 404
+        unknown = await client.post("/v2/repository/models/nope/load")
+        assert unknown.status_code == 404
+        assert "unknown model" in unknown.json()["error"]
+
+
+async def test_without_explicit_control_the_api_does_not_load(tmp_path: Path) -> None:
+    async with serve(make_settings(model_repository=colour_repository(tmp_path))) as (_, c):
+        refused = await c.post("/v2/repository/models/colors/load")
+        index = await c.post("/v2/repository/index")
+    assert refused.status_code == 400
+    assert "MODEL_CONTROL=explicit" in refused.json()["error"]
+    assert index.status_code == 200
+
+
+# -- reload without downtime -------------------------------------------------------------
+
+
+async def test_a_reload_under_load_answers_every_request(tmp_path: Path) -> None:
+    root = tmp_path / "models"
+    add_model(root, "colors", (1,), model="tests.models:color_classifier")
+    settings = make_settings(model_repository=root, model_control="explicit")
+    versions: list[str] = []
+    statuses: list[int] = []
+    reloaded = asyncio.Event()
+
+    async def client_loop(client: httpx.AsyncClient) -> None:
+        while True:
+            response = await predict(client)
+            statuses.append(response.status_code)
+            if response.status_code == 200:
+                versions.append(response.json()["version"])
+            if reloaded.is_set() and versions and versions[-1] == "2":
+                return
+            await asyncio.sleep(0.001)  # a quick refusal must not keep the loop to itself
+
+    async with serve(settings) as (_, client):
+        clients = [asyncio.create_task(client_loop(client)) for _ in range(16)]
+        await asyncio.sleep(0.3)
+        add_version(root, "colors", 2, scale=-1.0)  # the latest version now
+        response = await client.post("/v2/repository/models/colors/load")
+        assert response.status_code == 200, response.text
+        reloaded.set()
+        await asyncio.wait_for(asyncio.gather(*clients), 60)
+        index = (await client.post("/v2/repository/index")).json()
+    assert set(statuses) == {200}
+    assert versions[0] == "1"
+    assert versions[-1] == "2"
+    switched = versions.index("2")
+    assert set(versions[switched:]) <= {"1", "2"}  # requests accepted by 1 finish on 1
+    assert [(e["version"], e["state"]) for e in index] == [("2", "READY")]
+
+
+async def test_a_failed_load_leaves_the_serving_version_alone(tmp_path: Path) -> None:
+    root = tmp_path / "models"
+    add_model(root, "colors", (1,), model="tests.models:color_classifier")
+    add_version(root, "colors", 2, scale=-1.0)
+    settings = make_settings(model_repository=root, model_control="explicit")
+    async with serve(settings) as (_, client):
+        assert (await predict(client)).json()["version"] == "2"
+        broken = add_version(root, "colors", 3)
+        (broken / "model.pt").write_bytes(b"not a checkpoint")
+        refused = await client.post("/v2/repository/models/colors/load")
+        assert refused.status_code == 400
+        assert "cannot load 'colors'" in refused.json()["error"]
+        after = await predict(client)
+        assert (after.status_code, after.json()["version"]) == (200, "2")
+        # A config that does not validate is refused the same way.
+        shutil.rmtree(broken)
+        (root / "colors" / "config.toml").write_text(toml({"max_batch_size": -1}))
+        refused = await client.post("/v2/repository/models/colors/load")
+        assert refused.status_code == 400
+        assert "max_batch_size" in refused.json()["error"]
+        assert (await predict(client)).json()["version"] == "2"
+
+
+async def test_unloading_answers_the_requests_in_flight(tmp_path: Path) -> None:
+    root = tmp_path / "models"
+    add_model(root, "probe", (1,), model="tests.models:overlap_probe", compile="none")
+    settings = make_settings(model_repository=root, model_control="explicit")
+    async with serve(settings) as (_, client):
+        OverlapProbe.seconds = 0.05
+        try:
+            in_flight = [asyncio.create_task(predict(client)) for _ in range(12)]
+            await asyncio.sleep(0.05)
+            unloaded = await client.post("/v2/repository/models/probe/unload")
+            answers = await asyncio.gather(*in_flight)
+        finally:
+            OverlapProbe.seconds = 0.0
+        after = await predict(client, "?model=probe")
+    assert unloaded.status_code == 200
+    assert [answer.status_code for answer in answers] == [200] * 12
+    assert after.status_code == 404
+
+
+# -- one device, several models ----------------------------------------------------------
+
+
+async def test_two_models_on_one_cpu_never_run_forward_passes_at_once(tmp_path: Path) -> None:
+    root = tmp_path / "models"
+    for name in ("first", "second"):
+        add_model(root, name, (1,), model="tests.models:overlap_probe", compile="none")
+    async with serve(make_settings(model_repository=root)) as (_, client):
+        OverlapProbe.seconds, OverlapProbe.most, OverlapProbe.passes = 0.01, 0, 0
+        try:
+            answers = await asyncio.gather(*(
+                predict(client, f"?model={name}") for name in ("first", "second") * 16
+            ))  # fmt: skip
+        finally:
+            OverlapProbe.seconds = 0.0
+    assert {answer.status_code for answer in answers} == {200}
+    assert OverlapProbe.passes >= 2
+    assert OverlapProbe.most == 1
