@@ -11,21 +11,22 @@ from contextlib import asynccontextmanager
 from fastapi import Depends, FastAPI
 from prometheus_fastapi_instrumentator import Instrumentator
 
-from app.auth import require_api_key
 from app.cpus import pin_worker
-from app.draining import SigtermDrain
-from app.errors import ServiceError, install_error_handlers
-from app.limits import HeaderLimitMiddleware
+from app.errors import ServiceError
+from app.http.auth import require_api_key
+from app.http.draining import SigtermDrain
+from app.http.errors import install_error_handlers
+from app.http.limits import HeaderLimitMiddleware
+from app.http.outcomes import OutcomeMiddleware
+from app.http.requestid import RequestIdMiddleware
+from app.http.routes import health, metrics, models, predict, repository, v2
+from app.http.state import ServerState
 from app.logs import configure_logging
 from app.metrics import Metrics
-from app.outcomes import OutcomeMiddleware
-from app.requestid import RequestIdMiddleware
-from app.routes import health, metrics, models, predict, repository, v2
 from app.serving.admission import Admission
 from app.serving.predict import Predictor
 from app.serving.registry import Registry
 from app.settings import Settings, SettingsError, load_settings
-from app.state import ServerState
 
 logger = logging.getLogger("batchserve")
 

@@ -18,7 +18,7 @@ from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
 from prometheus_client.process_collector import ProcessCollector
 
 from app.engine.observer import BatchReport, EngineObserver
-from app.lifecycle import Phase
+from app.serving.lifecycle import Phase
 from batching import BatchObserver
 from batching.observer import DropReason, RejectReason
 

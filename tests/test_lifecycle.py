@@ -6,7 +6,7 @@ import logging
 
 import pytest
 
-from app.lifecycle import Lifecycle, Phase
+from app.serving.lifecycle import Lifecycle, Phase
 
 
 def test_the_normal_life_of_a_server() -> None:

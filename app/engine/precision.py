@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import logging
-import statistics
 import time
 from collections.abc import Callable, Sequence
 
@@ -18,34 +17,47 @@ logger = logging.getLogger("batchserve")
 MARGIN = 1.1
 
 
-def images_per_second(backend: Backend, input_shape: tuple[int, int, int], rows: int) -> float:
-    """The backend's forward rate on a random batch: best of three after one warm-up run."""
+def images_per_second(
+    backend: Backend, input_shape: tuple[int, int, int], rows: int, min_seconds: float = 0.3
+) -> float:
+    """The backend's forward rate on a random batch: after one warm-up run, the best of the
+    runs of at least ``min_seconds`` (and at least three). A span rather than a few runs,
+    because torch's own threads keep spinning for a while after any torch operation (making
+    the batch is one) and would slow the first runs of another runtime on the same cores."""
     layout = torch.channels_last if backend.channels_last else torch.contiguous_format
     batch = torch.randn((rows, *input_shape), generator=torch.Generator().manual_seed(0))
     batch = batch.to(device=backend.device, dtype=backend.input_dtype)
     batch = batch.contiguous(memory_format=layout)
     best = float("inf")
     with torch.inference_mode():
-        for attempt in range(4):
+        backend.forward(batch)
+        _synchronize(backend)
+        began, runs = time.perf_counter(), 0
+        while runs < 3 or time.perf_counter() - began < min_seconds:
             started = time.perf_counter()
             backend.forward(batch)
-            if backend.device.type == "cuda":
-                torch.cuda.synchronize(backend.device)
-            if attempt:
-                best = min(best, time.perf_counter() - started)
+            _synchronize(backend)
+            best = min(best, time.perf_counter() - started)
+            runs += 1
     return rows / best
+
+
+def _synchronize(backend: Backend) -> None:
+    if backend.device.type == "cuda":
+        torch.cuda.synchronize(backend.device)
 
 
 def side_by_side(
     first: Backend, second: Backend, input_shape: tuple[int, int, int], rows: int, rounds: int = 3
 ) -> tuple[float, float]:
-    """Both backends' forward rates, measured in turn ``rounds`` times (the median of each), so
-    that a change in the machine's load touches both alike."""
+    """Both backends' forward rates, measured in turn ``rounds`` times, the best of each: the
+    machine's other work only ever slows a measurement down, so the best is the least
+    disturbed, and measuring in turn lets a change in load touch both alike."""
     rates: tuple[list[float], list[float]] = ([], [])
     for _ in range(rounds):
         for backend, measured in zip((first, second), rates, strict=True):
             measured.append(images_per_second(backend, input_shape, rows))
-    return statistics.median(rates[0]), statistics.median(rates[1])
+    return max(rates[0]), max(rates[1])
 
 
 def fastest(

@@ -36,7 +36,15 @@ from app.engine.backends import Backend
 from app.engine.errors import StartupError
 from app.engine.export import ONNX_FILE, OPENVINO_FILE
 from app.engine.factory import ensure_onnx, ensure_openvino, input_shape, int8_key, loaded_digest
-from app.engine.gate import Bounds, compare, eager_reference, engine_for, judged, probabilities
+from app.engine.gate import (
+    Bounds,
+    compare,
+    eager_reference,
+    engine_for,
+    judged,
+    probabilities,
+    verdict,
+)
 from app.engine.int8_class import Int8Class, this_cpu
 from app.engine.int8_report import (
     GATE_IMAGES,
@@ -307,8 +315,8 @@ def build_int8(
             logger.info("INT8 recipe %s: %s", name, _summary(figures))
             if chosen is None or figures["passed"]:
                 chosen = (candidate, figures)  # the first is kept when none passes
-            if figures["passed"] or rate < fp32_rate:
-                break  # later recipes keep more layers in fp32: they would only run slower
+            if figures["passed"] or (rate < fp32_rate and not verdict(figures, bounds)):
+                break  # accurate but slower: more layers in fp32 would only run slower
         assert chosen is not None
         path, figures = chosen
         for part in path.parent.iterdir():

@@ -16,10 +16,10 @@ import orjson
 from fastapi import APIRouter, Request
 from starlette.responses import Response
 
-from app.body import read_raw
 from app.errors import BadRequestError
-from app.responses import json_response
-from app.state import ServerState, server_state
+from app.http.body import read_raw
+from app.http.responses import json_response
+from app.http.state import ServerState, server_state
 
 MAX_BODY_BYTES = 64 * 1024
 router = APIRouter(prefix="/v2/repository", tags=["Model repository (Triton extension)"])

@@ -10,13 +10,14 @@ import orjson
 from fastapi import APIRouter, Query, Request
 from starlette.responses import Response
 
-from app.body import read_image
-from app.errors import InvalidParameterError, mark_outcome
-from app.inference import admit, disconnected, guarded, read_within
-from app.requestid import request_start_of
-from app.schemas import ErrorBody, PredictResponse
+from app.errors import InvalidParameterError
+from app.http.body import read_image
+from app.http.calls import admit, disconnected, guarded, read_within
+from app.http.errors import mark_outcome
+from app.http.requestid import request_start_of
+from app.http.schemas import ErrorBody, PredictResponse
+from app.http.state import ServerState
 from app.serving.predict import Inputs
-from app.state import ServerState
 
 router = APIRouter()
 

@@ -16,7 +16,7 @@ import threading
 from types import FrameType
 from typing import Any
 
-from app.state import ServerState
+from app.http.state import ServerState
 
 logger = logging.getLogger("batchserve")
 

@@ -1,15 +1,14 @@
-"""What the routes share: the lifecycle, the serving core and the metrics."""
+"""What every front end shares: the settings, the metrics, the lifecycle and the serving core,
+and how many prediction requests are in progress (for the drain)."""
 
 from __future__ import annotations
 
 import asyncio
 from dataclasses import dataclass, field
 
-from fastapi import Request
-
 from app.errors import NotReadyError
-from app.lifecycle import Lifecycle
 from app.metrics import Metrics
+from app.serving.lifecycle import Lifecycle
 from app.serving.predict import Predictor
 from app.settings import Settings
 
@@ -47,8 +46,3 @@ class ServerState:
         if self.predictor is None:
             raise NotReadyError(self.lifecycle.reason, headers={"Retry-After": "1"})
         return self.predictor
-
-
-def server_state(request: Request) -> ServerState:
-    state: ServerState = request.app.state.server
-    return state

@@ -5,10 +5,10 @@ from __future__ import annotations
 from fastapi import APIRouter, Request
 from starlette.responses import Response
 
-from app.lifecycle import Lifecycle
-from app.responses import json_response
-from app.schemas import Status
-from app.state import server_state
+from app.http.responses import json_response
+from app.http.schemas import Status
+from app.http.state import server_state
+from app.serving.lifecycle import Lifecycle
 
 router = APIRouter()
 

@@ -7,7 +7,7 @@ import hmac
 from fastapi import Request
 
 from app.errors import UnauthorizedError
-from app.state import server_state
+from app.http.state import server_state
 
 
 async def require_api_key(request: Request) -> None:

@@ -6,7 +6,7 @@ from fastapi import APIRouter, Request
 from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 from starlette.responses import Response
 
-from app.state import server_state
+from app.http.state import server_state
 
 router = APIRouter()
 

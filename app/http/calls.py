@@ -14,11 +14,11 @@ from starlette.requests import ClientDisconnect
 from starlette.responses import Response
 from starlette.types import Receive
 
-from app.body import declared_length
-from app.errors import answer_error, mark_outcome
-from app.requestid import request_start_of
+from app.http.body import declared_length
+from app.http.errors import answer_error, mark_outcome
+from app.http.requestid import request_start_of
+from app.http.state import ServerState, server_state
 from app.serving.predict import Admitted, Cancelled, Predictor
-from app.state import ServerState, server_state
 from preprocessing import Buffer
 
 # No status is ever delivered to a client that hung up; 499 is what nginx logs for it.

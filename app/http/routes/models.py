@@ -8,10 +8,10 @@ from fastapi import APIRouter, Request
 from starlette.responses import Response
 
 from app.engine.int8_class import this_cpu
-from app.responses import json_response
-from app.schemas import ModelList
+from app.http.responses import json_response
+from app.http.schemas import ModelList
+from app.http.state import ServerState, server_state
 from app.serving.version import ModelVersion
-from app.state import ServerState, server_state
 
 router = APIRouter()
 

@@ -23,10 +23,14 @@ import orjson
 from fastapi import APIRouter, Request
 from starlette.responses import Response
 
-from app.body import read_raw
 from app.engine import InferenceEngine, Prediction
-from app.errors import InvalidParameterError, NotReadyError, mark_outcome
-from app.inference import admit, disconnected, guarded, read_within
+from app.errors import InvalidParameterError, NotReadyError
+from app.http.body import read_raw
+from app.http.calls import admit, disconnected, guarded, read_within
+from app.http.errors import mark_outcome
+from app.http.requestid import request_start_of
+from app.http.responses import json_response
+from app.http.state import ServerState, server_state
 from app.protocol.tensors import (
     InferenceRequestBody,
     MalformedTensorError,
@@ -35,11 +39,8 @@ from app.protocol.tensors import (
     parse_request,
     read_inputs,
 )
-from app.requestid import request_start_of
-from app.responses import json_response
 from app.serving.predict import Inputs
 from app.serving.version import ModelVersion
-from app.state import ServerState, server_state
 
 router = APIRouter(prefix="/v2", tags=["Open Inference Protocol (KServe v2)"])
 health = APIRouter(prefix="/v2", tags=["Open Inference Protocol (KServe v2)"])
