@@ -167,7 +167,6 @@ class Metrics:
         )
         self._request_children: dict[tuple[str, str, str], Any] = {}
         self._versions: dict[tuple[str, str], VersionMetrics] = {}
-        self.requests_of("")
         self._state_children = {phase: self.state.labels(phase.value) for phase in Phase}
 
     def track(

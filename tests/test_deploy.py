@@ -22,7 +22,7 @@ ROOT = Path(__file__).resolve().parent.parent
 DEPLOY = ROOT / "deploy"
 KUBERNETES = DEPLOY / "kubernetes"
 PROMETHEUS = DEPLOY / "prometheus"
-OVERLAYS = ["cpu", "gpu"]
+OVERLAYS = ["cpu", "gpu", "repository"]
 BIN = Path(sys.executable).parent  # tools installed in this virtual environment
 
 
@@ -58,12 +58,29 @@ def test_overlays_render_and_the_core_objects_validate_strictly(
 ) -> None:
     documents = rendered(overlay)
     kinds = sorted(document["kind"] for document in documents)
-    assert kinds == ["ConfigMap", "Deployment", "PodDisruptionBudget", "ScaledObject",
-                     "Service", "ServiceMonitor"]  # fmt: skip
+    extra = ["PersistentVolumeClaim"] if overlay == "repository" else []
+    assert kinds == sorted(["ConfigMap", "Deployment", "PodDisruptionBudget", "ScaledObject",
+                            "Service", "ServiceMonitor", *extra])  # fmt: skip
     validate_strictly([d for d in documents if d["kind"] not in BY_KIND], tmp_path)
     for document in documents:
         if document["kind"] in BY_KIND:
             jsonschema.validate(document, BY_KIND[document["kind"]])
+
+
+def test_the_repository_overlay_mounts_the_models_read_only() -> None:
+    documents = rendered("repository")
+    pod = by_kind(documents, "Deployment")["spec"]["template"]["spec"]
+    (container,) = pod["containers"]
+    (mount,) = [m for m in container["volumeMounts"] if m["name"] == "models"]
+    (volume,) = [v for v in pod["volumes"] if v["name"] == "models"]
+    settings = by_kind(documents, "ConfigMap")["data"]
+    assert (mount["mountPath"], mount["readOnly"]) == ("/models", True)
+    assert (
+        volume["persistentVolumeClaim"]["claimName"]
+        == by_kind(documents, "PersistentVolumeClaim")["metadata"]["name"]
+    )
+    assert settings["BATCHSERVE_MODEL_REPOSITORY"] == "/models"
+    assert settings["BATCHSERVE_MODEL_CONTROL"] == "explicit"
 
 
 def test_the_deployment_runs_safely_and_drains_before_it_is_killed() -> None:

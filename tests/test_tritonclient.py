@@ -169,3 +169,58 @@ def test_errors_reach_the_client_as_protocol_errors(client: Any) -> None:
     with pytest.raises(utils.InferenceServerException) as raised:
         client.infer(MODEL, [broken])
     assert raised.value.status() == "400"
+
+
+@pytest.fixture(scope="module")
+def repository_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[UvicornProcess]:
+    from tests.repository import add_model, add_version
+
+    root = tmp_path_factory.mktemp("models")
+    add_model(root, "colors", (1,), model="tests.models:color_classifier",
+              version_policy="all")  # fmt: skip
+    add_version(root, "colors", 2, scale=-1.0)
+    add_model(root, "other", (1,), model="tests.models:color_classifier")
+    env = {
+        "BATCHSERVE_MODEL_REPOSITORY": str(root),
+        "BATCHSERVE_MODEL_CONTROL": "explicit",
+        "BATCHSERVE_LOAD_MODELS": "colors",
+        "BATCHSERVE_LOG_LEVEL": "warning",
+    }
+    with UvicornProcess(env) as process:
+        yield process
+
+
+def test_the_repository_api_as_tritons_client_uses_it(repository_server: UvicornProcess) -> None:
+    triton = httpclient.InferenceServerClient(url=repository_server.url.removeprefix("http://"))
+    try:
+        assert "model_repository" in triton.get_server_metadata()["extensions"]
+        index = triton.get_model_repository_index()
+        assert {(e["name"], e.get("version"), e["state"]) for e in index} == {
+            ("colors", "1", "READY"), ("colors", "2", "READY"), ("other", None, "UNAVAILABLE"),
+        }  # fmt: skip
+        assert triton.is_model_ready("colors", "1")
+        assert triton.is_model_ready("colors", "2")
+        assert not triton.is_model_ready("colors", "3")
+        assert not triton.is_model_ready("other")
+
+        triton.load_model("other")
+        assert triton.is_model_ready("other")
+        pixels = np.frombuffer(PICTURES[0], dtype=np.uint8)
+        inputs = [httpclient.InferInput("image", [1], "BYTES")]
+        inputs[0].set_data_from_numpy(np.array([pixels.tobytes()], dtype=np.object_))
+        for version in ("1", "2"):
+            result = triton.infer("colors", inputs, model_version=version)
+            assert result.get_response()["model_version"] == version
+        assert triton.infer("other", inputs).get_response()["model_name"] == "other"
+
+        triton.unload_model("colors")
+        assert not triton.is_model_ready("colors")
+        states = {(e["name"], e.get("version")): e["state"]
+                  for e in triton.get_model_repository_index()}  # fmt: skip
+        assert states[("colors", "1")] == states[("colors", "2")] == "UNAVAILABLE"
+        with pytest.raises(utils.InferenceServerException, match="no version loaded"):
+            triton.infer("colors", inputs)
+        with pytest.raises(utils.InferenceServerException, match="unknown model"):
+            triton.load_model("missing")
+    finally:
+        triton.close()
