@@ -56,11 +56,12 @@ def available() -> bool:
 
 
 def run(url: str, images: list[bytes], concurrency: int, warmup_s: float, duration_s: float,
-        timeout_s: float = 60.0) -> dict[str, Any]:  # fmt: skip
-    """Warm up, then measure ``duration_s`` with ``concurrency`` connections."""
+        timeout_s: float = 60.0, target: str = "/predict") -> dict[str, Any]:  # fmt: skip
+    """Warm up, then measure ``duration_s`` with ``concurrency`` connections posting to
+    ``target`` (e.g. ``/predict?model=resnet18``)."""
     with tempfile.TemporaryDirectory() as folder:
         root = Path(folder)
-        (root / "load.lua").write_text(_SCRIPT)
+        (root / "load.lua").write_text(_SCRIPT.replace('"/predict"', json.dumps(target)))
         paths = []
         for index, data in enumerate(images):
             path = root / f"{index:04d}.jpg"
