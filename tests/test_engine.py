@@ -6,6 +6,7 @@ import logging
 import os
 import subprocess
 import sys
+import warnings
 from pathlib import Path
 
 import pytest
@@ -288,6 +289,39 @@ def test_torchscript_gives_the_eager_answers(dtype: torch.dtype) -> None:
     with torch.inference_mode():
         expected, got = model(other).float(), compiled(other).float()
     assert (got - expected).abs().max() <= 0.06 * expected.abs().max()
+
+
+def test_a_traced_model_is_kept_and_loaded_again_rather_than_traced_again(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Tracing leaves types in TorchScript's global compilation unit for good (with frozen
+    weights, about the model's size): a model built again, as a reload does, must come from
+    the kept artefact."""
+    model = get_model(SMALL, weights=None).eval()
+    batch = probe_batch()
+    artifact = tmp_path / "model.pt"
+    first, mode = optimize(model, "torchscript", batch, artifact)
+    assert mode == "torchscript"
+    assert artifact.is_file()
+
+    def no_tracing(*args: object, **kwargs: object) -> None:
+        raise AssertionError("traced again")
+
+    monkeypatch.setattr(torch.jit, "trace", no_tracing)
+    again, mode = optimize(model, "torchscript", batch, artifact)
+    assert mode == "torchscript"
+    with torch.inference_mode():
+        assert torch.allclose(first(batch), again(batch))
+    # An artefact that computes something else (other code, same weights) is made again.
+    monkeypatch.undo()
+    other = get_model(SMALL, weights=None).eval()
+    _, mode = optimize(other, "torchscript", batch, artifact)
+    assert mode == "torchscript"
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", FutureWarning)  # TorchScript is deprecated, and works
+        loaded = torch.jit.load(str(artifact))  # type: ignore[no-untyped-call]
+    with torch.inference_mode():
+        assert torch.allclose(loaded(batch), other(batch), atol=1e-3)
 
 
 def test_untraceable_or_diverging_models_are_served_eagerly(

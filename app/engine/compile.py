@@ -2,7 +2,12 @@
 
 - ``torchscript``: trace and freeze. Batch-norm is folded into the convolutions, and the whole
   forward pass runs in C++ without taking the GIL once per operator, which matters in a server
-  where the event loop and decode threads want the GIL too. Compiles in about a second.
+  where the event loop and decode threads want the GIL too. Compiles in about a second. The
+  frozen module is kept as an artefact and what serves is always loaded from it: tracing and
+  freezing register types in TorchScript's global compilation unit that are never freed (with
+  the frozen weights: about the model's size each time), while a loaded module lives in a
+  compilation unit of its own and goes with it. So reloading a model costs no memory, and only
+  the first build of each model's weights in a process leaves its trace behind.
 - ``inductor``: ``torch.compile`` with freezing. Faster kernels still, but each batch size is
   compiled on first use (tens of seconds on a CPU) and a C++ compiler must be installed.
 - ``none``: eager PyTorch.
@@ -14,7 +19,9 @@ that cannot be traced or that disagrees falls back to eager, with a warning.
 from __future__ import annotations
 
 import logging
+import os
 import warnings
+from pathlib import Path
 from typing import Literal
 
 import torch
@@ -37,21 +44,32 @@ def resolve_compile(mode: CompileMode, device: torch.device) -> str:
     return mode
 
 
-def optimize(model: nn.Module, mode: str, probe: torch.Tensor) -> tuple[nn.Module, str]:
-    """Return the model to serve and the mode actually used."""
+def optimize(
+    model: nn.Module, mode: str, probe: torch.Tensor, artifact: Path | None = None
+) -> tuple[nn.Module, str]:
+    """Return the model to serve and the mode actually used. A TorchScript model is kept at
+    ``artifact`` (when given) and loaded from there the next time."""
     if mode == "none":
         return model, "none"
     try:
         with torch.inference_mode():
             reference = model(probe).float()
-            optimized = _build(model, mode, probe)
-            candidate = optimized(probe).float()
+            cached = _cached(artifact, probe) if mode == "torchscript" else None
+            candidate = cached(probe).float() if cached is not None else None
+            if (
+                cached is not None
+                and candidate is not None
+                and (_drift(candidate, reference) <= _tolerance(probe))
+            ):
+                optimized = cached
+            else:  # none yet, or made from other code with the same weights: build it again
+                optimized = _build(model, mode, probe, artifact)
+                candidate = optimized(probe).float()
     except Exception as exc:
         logger.warning("could not compile the model with %s (%s); serving it eagerly", mode, exc)
         return model, "none"
-    scale = reference.abs().max().clamp_min(1e-6)
-    drift = float((candidate - reference).abs().max() / scale)
-    tolerance = _TOLERANCE.get(probe.dtype, 1e-3)
+    drift = _drift(candidate, reference)
+    tolerance = _tolerance(probe)
     if not torch.isfinite(candidate).all() or drift > tolerance:
         logger.warning(
             "the %s model differs from the eager one (relative drift %.2g > %.2g); "
@@ -63,7 +81,33 @@ def optimize(model: nn.Module, mode: str, probe: torch.Tensor) -> tuple[nn.Modul
     return optimized, mode
 
 
-def _build(model: nn.Module, mode: str, probe: torch.Tensor) -> nn.Module:
+def _drift(candidate: torch.Tensor, reference: torch.Tensor) -> float:
+    scale = reference.abs().max().clamp_min(1e-6)
+    return float((candidate - reference).abs().max() / scale)
+
+
+def _tolerance(probe: torch.Tensor) -> float:
+    return _TOLERANCE.get(probe.dtype, 1e-3)
+
+
+def _cached(artifact: Path | None, probe: torch.Tensor) -> nn.Module | None:
+    if artifact is None or not artifact.is_file():
+        return None
+    try:
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore", FutureWarning)  # "deprecated": see above
+            loaded: nn.Module = torch.jit.load(  # type: ignore[no-untyped-call]
+                str(artifact), map_location=probe.device
+            )
+    except (RuntimeError, OSError) as exc:
+        logger.warning("could not load %s (%s): tracing again", artifact, exc)
+        return None
+    return loaded
+
+
+def _build(
+    model: nn.Module, mode: str, probe: torch.Tensor, artifact: Path | None = None
+) -> nn.Module:
     if mode == "torchscript":
         with warnings.catch_warnings():
             # TorchScript is in maintenance in PyTorch 2.x (it says so); it still serves well.
@@ -71,7 +115,16 @@ def _build(model: nn.Module, mode: str, probe: torch.Tensor) -> nn.Module:
             warnings.simplefilter("ignore")
             traced = torch.jit.trace(model, probe, check_trace=False)  # type: ignore[no-untyped-call]
             frozen: nn.Module = torch.jit.freeze(traced.eval())
-        return frozen
+        if artifact is None:
+            return frozen
+        artifact.parent.mkdir(parents=True, exist_ok=True)
+        partial = artifact.with_name(f".{artifact.name}.{os.getpid()}.partial")
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore", FutureWarning)
+            torch.jit.save(frozen, str(partial))
+        partial.replace(artifact)  # in one step: no reader sees half a file
+        loaded = _cached(artifact, probe)
+        return loaded if loaded is not None else frozen
     if mode == "inductor":
         import torch._inductor.config as inductor_config
 

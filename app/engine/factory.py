@@ -13,7 +13,12 @@ import torch
 from app.engine.artifacts import REPORT, ArtifactKey, building, find, weights_digest
 from app.engine.backends import Backend, TorchBackend
 from app.engine.compile import resolve_compile
-from app.engine.device import precision_candidates, resolve_decode_device, resolve_device
+from app.engine.device import (
+    NAMES,
+    precision_candidates,
+    resolve_decode_device,
+    resolve_device,
+)
 from app.engine.engine import InferenceEngine
 from app.engine.errors import CheckFailedError, StartupError, UngatedModelError
 from app.engine.export import (
@@ -100,6 +105,8 @@ def torch_backend(
     candidates = precision_candidates(settings.precision, device)
     shape = input_shape(loaded)
 
+    mode = resolve_compile(settings.compile, device)
+
     def build(dtype: torch.dtype) -> Backend:
         # Each candidate converts its own copy: .to(dtype) changes a module in place.
         module = loaded.module if len(candidates) == 1 else copy.deepcopy(loaded.module)
@@ -108,13 +115,24 @@ def torch_backend(
             device,
             dtype,
             shape,
-            compile_mode=resolve_compile(settings.compile, device),
+            compile_mode=mode,
             cuda_graphs=settings.cuda_graphs,
-        )
+            compiled_artifact=torchscript_artifact(settings.artifacts_dir, loaded, dtype, device)
+            if mode == "torchscript" else None,
+        )  # fmt: skip
 
     backend, rates = fastest(candidates, build, shape, min(8, config.max_batch_size))
     backend.measured_rates = rates
     return backend
+
+
+def torchscript_artifact(
+    root: Path, loaded: LoadedModel, dtype: torch.dtype, device: torch.device
+) -> Path:
+    """Where the traced and frozen model of these weights, dtype and device is kept."""
+    precision = NAMES[dtype]
+    exporter = f"torchscript-torch{torch.__version__.split('+')[0]}-{device.type}"
+    return artifact_key(loaded, precision, exporter).path(root) / "model.pt"
 
 
 # -- inference runtimes -------------------------------------------------------------------

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from collections.abc import Sequence
+from pathlib import Path
 from typing import Any
 
 import torch
@@ -35,6 +36,7 @@ class TorchBackend(Backend):
         *,
         compile_mode: str = "none",
         cuda_graphs: bool = False,
+        compiled_artifact: Path | None = None,
     ) -> None:
         self.device = device
         self.input_dtype = dtype
@@ -46,7 +48,7 @@ class TorchBackend(Backend):
         # A random probe (not zeros, which only exercise the biases) checks a compiled model.
         probe = torch.randn((2, *input_shape), generator=torch.Generator().manual_seed(0))
         probe = probe.to(device=device, dtype=dtype).contiguous(memory_format=torch.channels_last)
-        self.model, self.compile_mode = optimize(model, compile_mode, probe)
+        self.model, self.compile_mode = optimize(model, compile_mode, probe, compiled_artifact)
         self._capture = cuda_graphs and device.type == "cuda"
         self._graphs: CudaGraphs | None = None
         self.fixed_shapes = self._capture or self.compile_mode == "inductor"
