@@ -222,6 +222,30 @@ def test_int8_slower_than_fp32_is_not_served(artefacts: Path, tmp_path: Path) ->
         build_engine(settings, settings.batch_config("cpu"))
 
 
+def test_an_ungated_model_that_disagrees_is_served_only_when_allowed(
+    artefacts: Path, tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    """A broken INT8 artefact fails its gate (judged again: it is not the file the report
+    judged) and the start-up check; with ALLOW_UNGATED_INT8 it serves anyway, loudly."""
+    from app.engine.export import export_onnx
+    from tests.models import ConvColorClassifier
+
+    class Negated(ConvColorClassifier):
+        def forward(self, x: torch.Tensor) -> torch.Tensor:
+            return -super().forward(x)
+
+    export_onnx(Negated(), (3, 224, 224), artefacts)
+    settings = int8_settings(tmp_path, "onnxruntime")
+    with pytest.raises(UngatedModelError):
+        build_engine(settings, settings.batch_config("cpu"))
+    allowed = int8_settings(tmp_path, "onnxruntime", allow_ungated_int8=True)
+    with caplog.at_level(logging.CRITICAL, logger="batchserve"):
+        engine = build_engine(allowed, allowed.batch_config("cpu"))
+    assert engine.check is not None
+    assert not engine.check["passed"]
+    assert "served anyway, ungated" in caplog.text
+
+
 def test_a_report_that_cannot_be_believed_without_gate_images_is_refused(
     artefacts: Path, tmp_path: Path
 ) -> None:
