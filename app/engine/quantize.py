@@ -22,7 +22,7 @@ import io
 import logging
 import random
 import shutil
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any, Protocol
@@ -193,13 +193,17 @@ class _Runtime:
         self,
         fp32: Path,
         inputs: list[np.ndarray[Any, Any]],
-        reference: torch.Tensor,
+        reference: Callable[[], torch.Tensor],
         saturates: bool,
     ) -> tuple[Quantizer, list[str]]:
+        """The runtime's quantizer and recipes; ``reference()`` gives fp32's probabilities
+        on the calibration images (asked only by accuracy control)."""
         if self.name == "openvino":
             from app.engine import quantize_openvino as ov
 
-            expected = [row.numpy() for row in reference]
+            def expected() -> list[np.ndarray[Any, Any]]:
+                return [row.numpy() for row in reference()]
+
             return ov.OpenVinoQuantizer(fp32, inputs, expected), ov.recipe_order(saturates)
         from app.engine import quantize_onnx as ort
 
@@ -290,10 +294,12 @@ def build_int8(
         reference_engine = eager_reference(loaded)
         reference = probabilities(reference_engine, judged_on)
         inputs = list(calibration_batches(loaded, sets.calibration))
-        calibration_reference = probabilities(reference_engine, sets.calibration)
         target = target or this_cpu()
         quantizer, order = runtime.quantizer(
-            fp32_path, inputs, calibration_reference, target.saturates
+            fp32_path,
+            inputs,
+            lambda: probabilities(reference_engine, sets.calibration),
+            target.saturates,
         )
         tried: list[dict[str, Any]] = []
         chosen: tuple[Path, dict[str, Any]] | None = None

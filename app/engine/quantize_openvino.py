@@ -18,7 +18,7 @@ import contextlib
 import io
 import logging
 import re
-from collections.abc import Iterable, Iterator, Sequence
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -54,11 +54,11 @@ class OpenVinoQuantizer:
         self,
         fp32: Path,
         calibration: Sequence[np.ndarray[Any, Any]],
-        reference: Sequence[np.ndarray[Any, Any]],
+        reference: Callable[[], Sequence[np.ndarray[Any, Any]]],
     ) -> None:
         self.fp32 = fp32
         self.calibration = list(calibration)
-        self.reference = list(reference)
+        self.reference = reference  # computed only if accuracy control needs it
 
     def build(self, recipe: str, out: Path) -> None:
         parsed = parse_recipe(recipe)
@@ -82,7 +82,8 @@ class OpenVinoQuantizer:
         calibration = nncf.Dataset(self.calibration)
         with _quiet():
             if control:
-                validation = nncf.Dataset(list(zip(self.calibration, self.reference, strict=True)))
+                expected = list(self.reference())
+                validation = nncf.Dataset(list(zip(self.calibration, expected, strict=True)))
                 ranking = min(RANKING_IMAGES, len(self.calibration))
                 quantized = nncf.quantize_with_accuracy_control(
                     model,

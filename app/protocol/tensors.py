@@ -131,19 +131,24 @@ def read_inputs(request: InferenceRequestBody, binary: bytes) -> list[Tensor]:
 
 
 def _from_binary(tensor: RequestInput, count: int, raw: bytes) -> Tensor:
-    shape = tuple(tensor.shape)
-    if tensor.datatype == "BYTES":
-        return Tensor(tensor.name, "BYTES", shape, items=_length_prefixed(tensor.name, raw, count))
-    dtype = NUMERIC.get(tensor.datatype)
+    return from_raw(tensor.name, tensor.datatype, tuple(tensor.shape), count, raw)
+
+
+def from_raw(name: str, datatype: str, shape: tuple[int, ...], count: int, raw: bytes) -> Tensor:
+    """A tensor from its raw little-endian bytes (BYTES: each element a 4-byte length, then
+    its bytes), as the binary extension and gRPC's ``raw_input_contents`` carry them."""
+    if datatype == "BYTES":
+        return Tensor(name, "BYTES", shape, items=_length_prefixed(name, raw, count))
+    dtype = NUMERIC.get(datatype)
     if dtype is None:
-        raise MalformedTensorError(f"input {tensor.name!r}: datatype {tensor.datatype} not read")
+        raise MalformedTensorError(f"input {name!r}: datatype {datatype} not read")
     if len(raw) != count * dtype.itemsize:
         raise MalformedTensorError(
-            f"input {tensor.name!r}: {len(raw)} bytes of {tensor.datatype} do not make shape "
+            f"input {name!r}: {len(raw)} bytes of {datatype} do not make shape "
             f"{list(shape)} ({count * dtype.itemsize} bytes)"
         )
     array = np.frombuffer(raw, dtype=dtype).reshape(shape)
-    return Tensor(tensor.name, tensor.datatype, shape, array=array)
+    return Tensor(name, datatype, shape, array=array)
 
 
 def _length_prefixed(name: str, raw: bytes, count: int) -> list[bytes]:

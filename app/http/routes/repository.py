@@ -20,6 +20,7 @@ from app.errors import BadRequestError
 from app.http.body import read_raw
 from app.http.responses import json_response
 from app.http.state import ServerState, server_state
+from app.settings import Settings
 
 MAX_BODY_BYTES = 64 * 1024
 router = APIRouter(prefix="/v2/repository", tags=["Model repository (Triton extension)"])
@@ -57,12 +58,17 @@ async def unload(request: Request, name: str) -> Response:
 
 def _controlled(request: Request) -> ServerState:
     server = server_state(request)
-    if server.settings.model_control != "explicit":
+    refuse_without_control(server.settings)
+    return server
+
+
+def refuse_without_control(settings: Settings) -> None:
+    """``ModelControlDisabledError`` unless ``MODEL_CONTROL=explicit``."""
+    if settings.model_control != "explicit":
         raise ModelControlDisabledError(
             "model control is disabled (MODEL_CONTROL=none): the server loads every model "
             "at start; set MODEL_CONTROL=explicit to load and unload models"
         )
-    return server
 
 
 async def _parameters(request: Request) -> dict[str, Any]:

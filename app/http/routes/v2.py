@@ -18,37 +18,41 @@ from __future__ import annotations
 import time
 from typing import Any
 
-import numpy as np
 import orjson
 from fastapi import APIRouter, Request
 from starlette.responses import Response
 
 from app.engine import InferenceEngine, Prediction
-from app.errors import InvalidParameterError, NotReadyError
+from app.errors import NotReadyError
 from app.http.body import read_raw
 from app.http.calls import admit, disconnected, guarded, read_within
 from app.http.errors import mark_outcome
 from app.http.requestid import request_start_of
 from app.http.responses import json_response
 from app.http.state import ServerState, server_state
+from app.protocol.model_io import (
+    OUTPUT,
+    RequestedOutput,
+    classification,
+    dense,
+    metadata,
+    one_input,
+    requested_output,
+    schedule_parameter,
+    top_k_for,
+)
 from app.protocol.tensors import (
     InferenceRequestBody,
-    MalformedTensorError,
-    Tensor,
     output_entry,
     parse_request,
     read_inputs,
 )
-from app.serving.predict import Inputs
 from app.serving.version import ModelVersion
 
 router = APIRouter(prefix="/v2", tags=["Open Inference Protocol (KServe v2)"])
 health = APIRouter(prefix="/v2", tags=["Open Inference Protocol (KServe v2)"])
 
-OUTPUT = "probabilities"
 EXTENSIONS = ["binary_tensor_data", "classification", "model_repository"]
-PLATFORMS = {"torch": "pytorch_libtorch", "onnxruntime": "onnxruntime_onnx",
-             "openvino": "openvino"}  # fmt: skip
 HEADER_LENGTH = "inference-header-content-length"
 
 
@@ -97,18 +101,11 @@ async def model_metadata(request: Request, name: str, version: str | None = None
     engine = serving.engine
     if engine is None:
         raise NotReadyError(f"{serving.name} is {serving.reason}", headers={"Retry-After": "1"})
-    crop = engine.transform.crop_size
     versions = server.started().registry.models.get(name, {})
     return json_response({
         "name": name,
         "versions": [str(number) for number in sorted(versions)],
-        "platform": PLATFORMS.get(engine.backend.name, engine.backend.name),
-        "inputs": [
-            {"name": "image", "datatype": "BYTES", "shape": [-1]},
-            {"name": "pixels", "datatype": "UINT8", "shape": [-1, -1, -1, 3]},
-            {"name": "tensor", "datatype": "FP32", "shape": [-1, 3, crop, crop]},
-        ],
-        "outputs": [{"name": OUTPUT, "datatype": "FP32", "shape": [-1, engine.num_classes]}],
+        **metadata(engine),
     })  # fmt: skip
 
 
@@ -148,11 +145,11 @@ async def _infer(server: ServerState, request: Request, name: str, version: str 
         timeout, priority = _schedule(document)
         deadline = predictor.deadline(admitted, timeout, arrived)
         level = predictor.priority_level(admitted, priority)
-        (tensor,) = _one_input(read_inputs(document, binary))
+        inputs = one_input(read_inputs(document, binary))
         del binary
         outputs = _requested_outputs(document, admitted.engine)
-        images = await predictor.prepare(admitted, _inputs(tensor))
-        k = max((count or admitted.engine.num_classes) for _, count, _ in outputs)
+        images = await predictor.prepare(admitted, inputs)
+        k = top_k_for(outputs, admitted.engine.num_classes)
         predictions = await predictor.predict(
             admitted, images, k, deadline, level, lambda: disconnected(request.receive)
         )
@@ -169,85 +166,48 @@ async def _infer(server: ServerState, request: Request, name: str, version: str 
 def _schedule(document: InferenceRequestBody) -> tuple[float | None, int | None]:
     """The request's ``timeout`` (microseconds, as seconds) and ``priority`` parameters."""
     parameters = document.parameters
-    timeout, priority = parameters.get("timeout"), parameters.get("priority")
-    for key, value in (("timeout", timeout), ("priority", priority)):
-        if value is not None and (not isinstance(value, int) or isinstance(value, bool)):
-            raise InvalidParameterError(f"the {key} parameter must be an integer")
-    return (None if not timeout else timeout / 1e6), priority
-
-
-def _one_input(tensors: list[Tensor]) -> list[Tensor]:
-    if len(tensors) != 1:
-        raise MalformedTensorError("send exactly one input: image, pixels or tensor")
-    return tensors
+    timeout = schedule_parameter("timeout", parameters.get("timeout"))
+    priority = schedule_parameter("priority", parameters.get("priority"))
+    return (None if timeout is None else timeout / 1e6), priority
 
 
 def _requested_outputs(
     document: InferenceRequestBody, engine: InferenceEngine
-) -> list[tuple[str, int | None, bool]]:
-    """(name, classification count or None, binary) per requested output."""
-    binary_all = document.parameters.get("binary_data_output", False)
+) -> list[RequestedOutput]:
+    binary_all = bool(document.parameters.get("binary_data_output", False))
     requested = document.outputs or []
     if not requested:
-        return [(OUTPUT, None, bool(binary_all))]
-    outputs = []
-    for output in requested:
-        if output.name != OUTPUT:
-            raise InvalidParameterError(f"unknown output {output.name!r}; the output is {OUTPUT!r}")
-        count = output.parameters.get("classification")
-        if count is not None and (
-            not isinstance(count, int) or isinstance(count, bool)
-            or not 1 <= count <= engine.num_classes
-        ):  # fmt: skip
-            raise InvalidParameterError(
-                f"classification must be an integer from 1 to {engine.num_classes}"
-            )
-        binary = output.parameters.get("binary_data", binary_all)
-        outputs.append((OUTPUT, count, bool(binary)))
-    return outputs
-
-
-def _inputs(tensor: Tensor) -> Inputs:
-    """The protocol's three inputs, as the serving core takes them."""
-    if tensor.name == "image" and tensor.datatype == "BYTES":
-        if len(tensor.shape) not in (1, 2) or tensor.shape[1:] not in ((), (1,)):
-            raise MalformedTensorError("input 'image' must have shape [N] (or [N, 1])")
-        return Inputs("encoded", tensor.items or [])
-    if tensor.name == "pixels" and tensor.datatype == "UINT8" and tensor.array is not None:
-        if tensor.array.ndim != 4 or tensor.array.shape[3] != 3:
-            raise MalformedTensorError("input 'pixels' must have shape [N, H, W, 3]")
-        return Inputs("pixels", tensor.array)
-    if tensor.name == "tensor" and tensor.datatype == "FP32" and tensor.array is not None:
-        return Inputs("tensor", tensor.array)
-    raise MalformedTensorError(
-        f"unknown input {tensor.name!r} of {tensor.datatype}: send image (BYTES), pixels "
-        f"(UINT8) or tensor (FP32)"
-    )
+        return [RequestedOutput(None, binary_all)]
+    return [
+        RequestedOutput(
+            requested_output(
+                output.name, output.parameters.get("classification"), engine.num_classes
+            ),
+            bool(output.parameters.get("binary_data", binary_all)),
+        )
+        for output in requested
+    ]
 
 
 def _response(
     document: InferenceRequestBody,
     serving: ModelVersion,
     engine: InferenceEngine,
-    outputs: list[tuple[str, int | None, bool]],
+    outputs: list[RequestedOutput],
     predictions: list[Prediction],
 ) -> Response:
     entries: list[dict[str, Any]] = []
     chunks: list[bytes] = []
-    classes = engine.num_classes
-    for output, count, binary in outputs:
-        if count is None:
-            dense = np.zeros((len(predictions), classes), dtype=np.float32)
-            for row, prediction in enumerate(predictions):
-                for entry in prediction.classes:
-                    dense[row, entry["index"]] = entry["score"]
-            item, raw = output_entry(output, dense, [len(predictions), classes], binary)
+    rows = len(predictions)
+    for output in outputs:
+        if output.classification is None:
+            classes = engine.num_classes
+            item, raw = output_entry(OUTPUT, dense(predictions, classes), [rows, classes],
+                                     output.binary)  # fmt: skip
         else:
-            labels = [
-                f"{entry['score']:f}:{entry['index']}:{entry['label']}"
-                for prediction in predictions for entry in prediction.classes[:count]
-            ]  # fmt: skip
-            item, raw = output_entry(output, labels, [len(predictions), count], binary)
+            count = output.classification
+            item, raw = output_entry(OUTPUT, classification(predictions, count), [rows, count],
+                                     output.binary)  # fmt: skip
         entries.append(item)
         chunks.append(raw)
     payload: dict[str, Any] = {
