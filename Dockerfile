@@ -38,7 +38,8 @@ USER 10001
 ENV TORCH_HOME=/home/batchserve/.cache/torch \
     BATCHSERVE_ARTIFACTS_DIR=/var/cache/batchserve/artifacts
 
-EXPOSE 8000
+# HTTP (REST, metrics, health) and gRPC (GRPC_PORT).
+EXPOSE 8000 8001
 HEALTHCHECK --interval=15s --timeout=3s --start-period=300s --retries=3 \
     CMD python -c "import urllib.request,sys; sys.exit(urllib.request.urlopen('http://127.0.0.1:8000/healthz', timeout=2).status != 200)"
 

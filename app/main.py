@@ -109,6 +109,18 @@ def _lifespan(server: ServerState):  # type: ignore[no-untyped-def]
             raise
         decode_pool = ThreadPoolExecutor(settings.decode_threads, thread_name_prefix="decode")
         server.predictor = Predictor(settings, registry, admission, metrics, decode_pool)
+        grpc_front = None
+        if settings.grpc_port:
+            from app.grpc.server import GrpcBindError, GrpcFrontEnd
+
+            grpc_front = GrpcFrontEnd(server, app.version)
+            try:
+                await grpc_front.start()
+            except GrpcBindError as exc:
+                logger.critical("batchserve cannot start: %s", exc)
+                await registry.aclose()
+                decode_pool.shutdown(wait=False, cancel_futures=True)
+                raise
         lifecycle.serve()
         drain = SigtermDrain(server, settings.drain_timeout_s)
         drain.install()
@@ -117,6 +129,8 @@ def _lifespan(server: ServerState):  # type: ignore[no-untyped-def]
         finally:
             drain.uninstall()
             lifecycle.drain()
+            if grpc_front is not None:  # after a SIGTERM drain, nothing is left to wait for
+                await grpc_front.stop(settings.drain_timeout_s)
             await registry.aclose()
             decode_pool.shutdown(wait=False, cancel_futures=True)
             lifecycle.stop()

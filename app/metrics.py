@@ -32,7 +32,7 @@ OUTCOMES = (
     "cancelled",
     "error",
 )
-ROUTES = ("predict", "v2_infer")
+ROUTES = ("predict", "v2_infer", "grpc_infer")
 # Per request: parse, decode (on the CPU, with resize and crop), serialize.
 REQUEST_STAGES = ("parse", "decode", "serialize")
 # Per batch: device_decode (JPEGs decoded on the device), h2d, collate, forward, postprocess,

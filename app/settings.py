@@ -105,6 +105,10 @@ class Settings(BaseSettings):
     load_models: Annotated[tuple[str, ...], NoDecode] = ()
     default_model: str | None = Field(None, pattern=MODEL_NAME_PATTERN)
 
+    # gRPC: the Open Inference Protocol's GRPCInferenceService beside HTTP
+    grpc_port: int = Field(8001, ge=0, le=65535)
+    grpc_host: str | None = Field(None, min_length=1)
+
     # Operations
     model_name: str | None = Field(None, pattern=MODEL_NAME_PATTERN)
     api_key: SecretStr | None = None

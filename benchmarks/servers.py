@@ -39,7 +39,13 @@ class UvicornProcess:
     ) -> None:
         self.port = free_port()
         self.url = f"http://127.0.0.1:{self.port}"
-        self._env = {**os.environ, "PYTHONPATH": str(ROOT), **env}
+        # gRPC on a port of its own too (``env`` may say otherwise, 0 to turn it off).
+        self.grpc_port = int(env.get("BATCHSERVE_GRPC_PORT", free_port()))
+        self.grpc_target = f"127.0.0.1:{self.grpc_port}"
+        self._env = {
+            **os.environ, "PYTHONPATH": str(ROOT), "BATCHSERVE_GRPC_PORT": str(self.grpc_port),
+            **env,
+        }  # fmt: skip
         self._startup_timeout = startup_timeout
         self._app = app
         self._ready_path = ready_path

@@ -51,6 +51,7 @@ def make_settings(**overrides: Any) -> Settings:
         "max_queue_delay_ms": 5,
         "decode_workers": 2,
         "drain_timeout_s": 5,
+        "grpc_port": 0,  # in-process apps share one machine: gRPC only where a test asks
     }
     values.update(overrides)
     return Settings(_env_file=None, **values)

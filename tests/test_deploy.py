@@ -94,7 +94,15 @@ def test_the_deployment_runs_safely_and_drains_before_it_is_killed() -> None:
         assert pod["terminationGracePeriodSeconds"] > drain + pause
         assert container["startupProbe"]["httpGet"]["path"] == "/readyz"
         assert container["livenessProbe"]["httpGet"]["path"] == "/healthz"
-        assert container["readinessProbe"]["httpGet"]["path"] == "/readyz"
+        # Readiness through Kubernetes' gRPC probe, on the port the server listens on.
+        grpc_port = int(settings["BATCHSERVE_GRPC_PORT"])
+        ports = {port["name"]: port["containerPort"] for port in container["ports"]}
+        assert ports == {"http": 8000, "grpc": grpc_port}
+        assert container["readinessProbe"]["grpc"]["port"] == grpc_port
+        service = by_kind(documents, "Service")["spec"]["ports"]
+        assert {(port["name"], port["targetPort"]) for port in service} == {
+            ("http", "http"), ("grpc", "grpc"),
+        }  # fmt: skip
         assert pod["securityContext"]["runAsNonRoot"] is True
         assert container["securityContext"]["readOnlyRootFilesystem"] is True
         mounts = {mount["mountPath"] for mount in container["volumeMounts"]}

@@ -20,6 +20,13 @@ current_request_id: contextvars.ContextVar[str | None] = contextvars.ContextVar(
 )
 
 
+def request_id_from(candidate: str | None) -> str:
+    """``candidate`` when it is safe in headers and logs, else a new id."""
+    if candidate is not None and _VALID.fullmatch(candidate):
+        return candidate
+    return uuid.uuid4().hex
+
+
 def request_id_of(scope: MutableMapping[str, Any]) -> str | None:
     state = scope.get("state") or {}
     value = state.get("request_id")

@@ -20,6 +20,8 @@ from app.protocol.tensors import MalformedTensorError, Tensor
 from app.serving.predict import Inputs
 
 OUTPUT = "probabilities"
+# What the server metadata names: the extensions of the protocol served (REST and gRPC alike).
+EXTENSIONS = ["binary_tensor_data", "classification", "model_repository"]
 PLATFORMS = {"torch": "pytorch_libtorch", "onnxruntime": "onnxruntime_onnx",
              "openvino": "openvino"}  # fmt: skip
 

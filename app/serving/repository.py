@@ -26,6 +26,7 @@ from typing import Any
 
 from pydantic import ValidationError
 
+from app.errors import BadRequestError
 from app.settings import MODEL_KEYS, MODEL_NAME_PATTERN, Settings, error_lines
 
 CONFIG = "config.toml"
@@ -171,3 +172,17 @@ def _choose(found: list[int], policy: Any, path: Path, problems: list[str]) -> l
             problems.append(f"{path}: version_policy names versions with no folder: {missing}")
         return [v for v in policy if v in found]
     return []
+
+
+class ModelControlDisabledError(BadRequestError):
+    code = "model_control_disabled"
+
+
+def refuse_without_control(settings: Settings) -> None:
+    """``ModelControlDisabledError`` unless ``MODEL_CONTROL=explicit``: loading and unloading
+    through the repository API (over any transport) need it."""
+    if settings.model_control != "explicit":
+        raise ModelControlDisabledError(
+            "model control is disabled (MODEL_CONTROL=none): the server loads every model "
+            "at start; set MODEL_CONTROL=explicit to load and unload models"
+        )

@@ -20,14 +20,10 @@ from app.errors import BadRequestError
 from app.http.body import read_raw
 from app.http.responses import json_response
 from app.http.state import ServerState, server_state
-from app.settings import Settings
+from app.serving.repository import refuse_without_control
 
 MAX_BODY_BYTES = 64 * 1024
 router = APIRouter(prefix="/v2/repository", tags=["Model repository (Triton extension)"])
-
-
-class ModelControlDisabledError(BadRequestError):
-    code = "model_control_disabled"
 
 
 @router.post("/index", summary="Every model and the state of each version")
@@ -60,15 +56,6 @@ def _controlled(request: Request) -> ServerState:
     server = server_state(request)
     refuse_without_control(server.settings)
     return server
-
-
-def refuse_without_control(settings: Settings) -> None:
-    """``ModelControlDisabledError`` unless ``MODEL_CONTROL=explicit``."""
-    if settings.model_control != "explicit":
-        raise ModelControlDisabledError(
-            "model control is disabled (MODEL_CONTROL=none): the server loads every model "
-            "at start; set MODEL_CONTROL=explicit to load and unload models"
-        )
 
 
 async def _parameters(request: Request) -> dict[str, Any]:

@@ -31,6 +31,7 @@ from app.http.requestid import request_start_of
 from app.http.responses import json_response
 from app.http.state import ServerState, server_state
 from app.protocol.model_io import (
+    EXTENSIONS,
     OUTPUT,
     RequestedOutput,
     classification,
@@ -52,7 +53,6 @@ from app.serving.version import ModelVersion
 router = APIRouter(prefix="/v2", tags=["Open Inference Protocol (KServe v2)"])
 health = APIRouter(prefix="/v2", tags=["Open Inference Protocol (KServe v2)"])
 
-EXTENSIONS = ["binary_tensor_data", "classification", "model_repository"]
 HEADER_LENGTH = "inference-header-content-length"
 
 

@@ -1,0 +1,340 @@
+"""``inference.GRPCInferenceService``: the Open Inference Protocol over gRPC, with Triton's
+additions that its client uses (repository RPCs, statistics).
+
+Messages are those of Triton's ``grpc_service.proto`` as ``tritonclient`` ships them compiled
+(``tritonclient.grpc.service_pb2``); every call translates into the serving core, as the REST
+routes do. Inputs come as ``raw_input_contents`` (what Triton's client always sends; BYTES
+elements are 4-byte little-endian lengths then the bytes) or typed ``contents``; outputs go out
+as ``raw_output_contents``, the only form Triton's client reads. The call's deadline is the
+request's deadline too, and a cancelled call withdraws its images from the queue (its task is
+cancelled, and the prediction path withdraws what it enqueued).
+"""
+
+from __future__ import annotations
+
+import math
+import time
+from collections.abc import Awaitable, Callable
+from typing import Any, TypeVar
+
+import grpc
+import numpy as np
+from tritonclient.grpc import service_pb2, service_pb2_grpc
+
+from app.errors import NotFoundError, NotReadyError, PayloadTooLargeError, UnauthorizedError
+from app.grpc.errors import abort_with
+from app.http.requestid import HEADER, current_request_id, request_id_from
+from app.protocol.model_io import (
+    EXTENSIONS,
+    OUTPUT,
+    RequestedOutput,
+    classification,
+    dense,
+    metadata,
+    one_input,
+    requested_output,
+    schedule_parameter,
+    top_k_for,
+)
+from app.protocol.tensors import (
+    MAX_DIMENSIONS,
+    NUMERIC,
+    MalformedTensorError,
+    Tensor,
+    bytes_binary,
+    from_raw,
+)
+from app.serving.predict import Inputs
+from app.serving.repository import refuse_without_control
+from app.serving.server import ServerState
+
+ROUTE = "grpc_infer"
+Reply = TypeVar("Reply")
+# Where each typed ``contents`` field holds a datatype's elements.
+_CONTENTS = {"BYTES": "bytes_contents", "UINT8": "uint_contents", "FP32": "fp32_contents"}
+
+
+class InferenceService(service_pb2_grpc.GRPCInferenceServiceServicer):  # type: ignore[misc]
+    """The protocol's RPCs over the serving core of ``server``."""
+
+    def __init__(self, server: ServerState, version: str) -> None:
+        self.server = server
+        self.version = version
+
+    # -- health and metadata ----------------------------------------------------------------
+
+    async def ServerLive(self, request: Any, context: Any) -> Any:
+        return service_pb2.ServerLiveResponse(live=self.server.lifecycle.live)
+
+    async def ServerReady(self, request: Any, context: Any) -> Any:
+        return service_pb2.ServerReadyResponse(ready=self.server.lifecycle.ready)
+
+    async def ModelReady(self, request: Any, context: Any) -> Any:
+        async def answer() -> Any:
+            try:
+                version = self._registry().resolve(request.name, request.version or None)
+            except (NotFoundError, NotReadyError):  # no: as Triton answers, not an error
+                return service_pb2.ModelReadyResponse(ready=False)
+            ready = version.ready and self.server.lifecycle.ready
+            return service_pb2.ModelReadyResponse(ready=ready)
+
+        return await self._guarded(context, answer, authenticate=False)
+
+    async def ServerMetadata(self, request: Any, context: Any) -> Any:
+        return service_pb2.ServerMetadataResponse(
+            name="batchserve", version=self.version, extensions=EXTENSIONS
+        )
+
+    async def ModelMetadata(self, request: Any, context: Any) -> Any:
+        async def answer() -> Any:
+            version = self._registry().resolve(request.name, request.version or None)
+            engine = version.engine
+            if engine is None:
+                raise NotReadyError(f"{version.name} is {version.reason}",
+                                    headers={"Retry-After": "1"})  # fmt: skip
+            described = metadata(engine)
+            tensor = service_pb2.ModelMetadataResponse.TensorMetadata
+            return service_pb2.ModelMetadataResponse(
+                name=request.name,
+                versions=[str(v) for v in sorted(self._registry().models.get(request.name, {}))],
+                platform=described["platform"],
+                inputs=[tensor(**each) for each in described["inputs"]],
+                outputs=[tensor(**each) for each in described["outputs"]],
+            )
+
+        return await self._guarded(context, answer)
+
+    # -- inference --------------------------------------------------------------------------
+
+    async def ModelInfer(self, request: Any, context: Any) -> Any:
+        arrived = time.perf_counter()
+        # A call the client cancels ends in CancelledError at whatever it awaits: counted so.
+        scope = {"outcome": "cancelled"}
+        self.server.enter()
+        try:
+            response = await self._guarded(
+                context, lambda: self._infer(request, context, arrived, scope), scope=scope
+            )
+            scope["outcome"] = "ok"
+            return response
+        finally:
+            self.server.metrics.count_request(ROUTE, scope["outcome"], scope.get("model", ""))
+            self.server.leave()
+
+    async def _infer(
+        self, request: Any, context: Any, arrived: float, scope: dict[str, str]
+    ) -> Any:
+        predictor = self.server.require_ready()
+        admitted = predictor.admit(request.model_name, request.model_version or None)
+        scope["model"] = admitted.version.model
+        try:
+            # gRPC has read the whole message already (within its size limit): count it now.
+            predictor.reserve(admitted, request.ByteSize())
+            timeout, priority = _schedule(request, context)
+            deadline = predictor.deadline(admitted, timeout, arrived)
+            level = predictor.priority_level(admitted, priority)
+            engine = admitted.engine
+            inputs = one_input(_tensors(request))
+            _check_sizes(inputs, self.server.settings.max_image_bytes)
+            outputs = _outputs(request, engine.num_classes)
+            images = await predictor.prepare(admitted, inputs)
+            predictions = await predictor.predict(
+                admitted, images, top_k_for(outputs, engine.num_classes), deadline, level
+            )
+        finally:
+            admitted.close()
+        started = time.perf_counter()
+        version = admitted.version
+        response = service_pb2.ModelInferResponse(
+            model_name=version.model, model_version=str(version.version), id=request.id
+        )
+        rows = len(predictions)
+        for output in outputs:
+            entry = response.outputs.add(name=OUTPUT)
+            if output.classification is None:
+                values = dense(predictions, engine.num_classes)
+                entry.datatype, entry.shape[:] = "FP32", [rows, engine.num_classes]
+                response.raw_output_contents.append(values.astype("<f4").tobytes())
+            else:
+                labels = classification(predictions, output.classification)
+                entry.datatype, entry.shape[:] = "BYTES", [rows, output.classification]
+                response.raw_output_contents.append(bytes_binary([x.encode() for x in labels]))
+        version.metrics.observe_stage("serialize", time.perf_counter() - started)
+        return response
+
+    # -- the model repository ---------------------------------------------------------------
+
+    async def RepositoryIndex(self, request: Any, context: Any) -> Any:
+        async def answer() -> Any:
+            index = service_pb2.RepositoryIndexResponse.ModelIndex
+            entries = [entry for entry in self._registry().index()
+                       if not request.ready or entry["state"] == "READY"]  # fmt: skip
+            return service_pb2.RepositoryIndexResponse(
+                models=[
+                    index(
+                        name=e["name"],
+                        version=e.get("version", ""),
+                        state=e["state"],
+                        reason=e["reason"],
+                    )
+                    for e in entries
+                ]
+            )
+
+        return await self._guarded(context, answer)
+
+    async def RepositoryModelLoad(self, request: Any, context: Any) -> Any:
+        async def answer() -> Any:
+            refuse_without_control(self.server.settings)
+            if request.parameters:
+                raise MalformedTensorError(
+                    "this server loads models from its repository: a config or files in the "
+                    "request are not supported"
+                )
+            await self._registry().load(request.model_name)
+            return service_pb2.RepositoryModelLoadResponse()
+
+        return await self._guarded(context, answer)
+
+    async def RepositoryModelUnload(self, request: Any, context: Any) -> Any:
+        async def answer() -> Any:
+            refuse_without_control(self.server.settings)
+            await self._registry().unload(request.model_name)
+            return service_pb2.RepositoryModelUnloadResponse()
+
+        return await self._guarded(context, answer)
+
+    # -- shared ------------------------------------------------------------------------------
+
+    def _registry(self) -> Any:
+        return self.server.started().registry
+
+    async def _guarded(
+        self,
+        context: Any,
+        answer: Callable[[], Awaitable[Reply]],
+        *,
+        authenticate: bool = True,
+        scope: dict[str, str] | None = None,
+    ) -> Reply:
+        """Check the API key, run ``answer``, and turn any error into the call's status (an
+        unexpected one logged with the request id, never a traceback to the client)."""
+        metadata_ = dict(context.invocation_metadata() or ())
+        given = metadata_.get(HEADER)
+        request_id = request_id_from(given if isinstance(given, str) else None)
+        token = current_request_id.set(request_id)
+        try:
+            if authenticate:
+                _authenticate(self.server, metadata_)
+            return await answer()
+        except Exception as exc:
+            await abort_with(context, exc, request_id, scope if scope is not None else {})
+        finally:
+            current_request_id.reset(token)
+
+
+def _unimplemented(name: str) -> Callable[[Any, Any, Any], Awaitable[Any]]:
+    async def method(self: Any, request: Any, context: Any) -> Any:
+        await context.abort(grpc.StatusCode.UNIMPLEMENTED, f"batchserve does not implement {name}")
+
+    method.__name__ = name
+    return method
+
+
+# Every other RPC of the service (model config, streaming, statistics, tracing, logging, shared
+# memory) answers UNIMPLEMENTED from a coroutine: the generated base class's synchronous
+# defaults would run in a thread pool and end as UNKNOWN.
+for _method in service_pb2.DESCRIPTOR.services_by_name["GRPCInferenceService"].methods:
+    if _method.name not in vars(InferenceService):
+        setattr(InferenceService, _method.name, _unimplemented(_method.name))
+
+
+def _authenticate(server: ServerState, metadata_: dict[str, Any]) -> None:
+    key = server.settings.api_key
+    if key is None:
+        return
+    import secrets
+
+    given = str(metadata_.get("authorization", ""))
+    if not secrets.compare_digest(given.encode(), f"Bearer {key.get_secret_value()}".encode()):
+        raise UnauthorizedError("missing or wrong API key: send 'authorization: Bearer <key>'")
+
+
+def _check_sizes(inputs: Inputs, max_image_bytes: int) -> None:
+    """Each encoded image within ``MAX_IMAGE_BYTES``, as over HTTP."""
+    if inputs.kind == "encoded":
+        for item in inputs.items:
+            if len(item) > max_image_bytes:
+                raise PayloadTooLargeError(f"an image is larger than {max_image_bytes} bytes")
+
+
+def _parameter(parameter: Any) -> Any:
+    """An ``InferParameter``'s value, whichever of its fields is set."""
+    field = parameter.WhichOneof("parameter_choice")
+    return None if field is None else getattr(parameter, field)
+
+
+def _schedule(request: Any, context: Any) -> tuple[float | None, int | None]:
+    """The request's timeout (its ``timeout`` parameter in microseconds, and the call's own
+    deadline, the earlier of the two) and priority."""
+    parameters = request.parameters
+    timeout_us = schedule_parameter(
+        "timeout", _parameter(parameters["timeout"]) if "timeout" in parameters else None
+    )
+    priority = schedule_parameter(
+        "priority", _parameter(parameters["priority"]) if "priority" in parameters else None
+    )
+    timeout = None if timeout_us is None else timeout_us / 1e6
+    remaining = context.time_remaining()
+    if remaining is not None and math.isfinite(remaining):
+        timeout = remaining if timeout is None else min(timeout, remaining)
+        timeout = max(timeout, 1e-6)
+    return timeout, priority
+
+
+def _tensors(request: Any) -> list[Tensor]:
+    raw = list(request.raw_input_contents)
+    if raw and len(raw) != len(request.inputs):
+        raise MalformedTensorError(
+            f"{len(raw)} raw_input_contents for {len(request.inputs)} inputs"
+        )
+    tensors = []
+    for index, tensor in enumerate(request.inputs):
+        shape = tuple(tensor.shape)
+        if len(shape) > MAX_DIMENSIONS or any(size < 0 for size in shape):
+            raise MalformedTensorError(f"input {tensor.name!r}: a shape of at most "
+                                       f"{MAX_DIMENSIONS} non-negative dimensions")  # fmt: skip
+        count = math.prod(shape)
+        if raw:
+            tensors.append(from_raw(tensor.name, tensor.datatype, shape, count, raw[index]))
+        else:
+            tensors.append(_from_contents(tensor, shape, count))
+    return tensors
+
+
+def _from_contents(tensor: Any, shape: tuple[int, ...], count: int) -> Tensor:
+    field = _CONTENTS.get(tensor.datatype)
+    if field is None:
+        raise MalformedTensorError(f"input {tensor.name!r}: datatype {tensor.datatype} not read")
+    values = list(getattr(tensor.contents, field))
+    if len(values) != count:
+        raise MalformedTensorError(
+            f"input {tensor.name!r}: {len(values)} elements for shape {list(shape)} ({count})"
+        )
+    if tensor.datatype == "BYTES":
+        return Tensor(tensor.name, "BYTES", shape, items=values)
+    if tensor.datatype == "UINT8" and any(not 0 <= value <= 255 for value in values):
+        raise MalformedTensorError(f"input {tensor.name!r}: UINT8 data must be integers 0-255")
+    array = np.asarray(values, dtype=NUMERIC[tensor.datatype]).reshape(shape)
+    return Tensor(tensor.name, tensor.datatype, shape, array=array)
+
+
+def _outputs(request: Any, classes: int) -> list[RequestedOutput]:
+    if not request.outputs:
+        return [RequestedOutput(None)]
+    outputs = []
+    for output in request.outputs:
+        parameters = output.parameters
+        count = _parameter(parameters["classification"]) if "classification" in parameters else None
+        outputs.append(RequestedOutput(requested_output(output.name, count or None, classes)))
+    return outputs

@@ -1,0 +1,463 @@
+"""The Open Inference Protocol over gRPC, checked with Triton's own gRPC clients (sync and
+asyncio), the standard health-check client and server reflection, against real uvicorn
+processes: the same answers as over REST, errors as gRPC statuses, limits, cancellation, the
+drain on SIGTERM."""
+
+from __future__ import annotations
+
+import asyncio
+import io
+import socket
+import time
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import grpc
+import httpx
+import numpy as np
+import pytest
+from PIL import Image
+
+from benchmarks.servers import UvicornProcess
+from tests import images
+from tests.checks import metric
+from tests.repository import colour_repository
+
+grpcclient = pytest.importorskip("tritonclient.grpc")
+grpcaio = pytest.importorskip("tritonclient.grpc.aio")
+utils = pytest.importorskip("tritonclient.utils")
+service_pb2 = pytest.importorskip("tritonclient.grpc.service_pb2")
+service_pb2_grpc = pytest.importorskip("tritonclient.grpc.service_pb2_grpc")
+health_pb2 = pytest.importorskip("grpc_health.v1.health_pb2")
+health_pb2_grpc = pytest.importorskip("grpc_health.v1.health_pb2_grpc")
+
+pytestmark = pytest.mark.e2e
+
+MODEL = "color_classifier"
+MiB = 1024 * 1024
+BASE_ENV = {
+    "BATCHSERVE_MODEL": "tests.models:color_classifier",
+    "BATCHSERVE_WEIGHTS": "none",
+    "BATCHSERVE_PRECISION": "fp32",
+    "BATCHSERVE_MAX_BATCH_SIZE": "8",
+    "BATCHSERVE_LOG_LEVEL": "warning",
+}
+SLOW_ENV = {
+    **BASE_ENV,
+    "BATCHSERVE_MODEL": "tests.models:slow_from_env",
+    "BATCHSERVE_MODEL_NAME": MODEL,
+    "BATCHSERVE_MAX_BATCH_SIZE": "1",
+    "BATCHSERVE_MAX_INFLIGHT_BATCHES": "1",
+    "BATCHSERVE_COMPILE": "none",  # tracing would drop the model's sleep
+}
+PICTURES = [images.jpeg(images.photo(220, 160, seed=seed)) for seed in range(3)]
+
+
+@pytest.fixture(scope="module")
+def server() -> Iterator[UvicornProcess]:
+    env = {
+        **BASE_ENV,
+        "BATCHSERVE_MAX_IMAGE_BYTES": str(5 * MiB),
+        "BATCHSERVE_MAX_QUEUE_BYTES": str(16 * MiB),
+    }
+    with UvicornProcess(env) as process:
+        yield process
+
+
+@pytest.fixture
+def client(server: UvicornProcess) -> Iterator[Any]:
+    triton = grpcclient.InferenceServerClient(server.grpc_target)
+    yield triton
+    triton.close()
+
+
+def image_input(pictures: list[bytes]) -> Any:
+    tensor = grpcclient.InferInput("image", [len(pictures)], "BYTES")
+    tensor.set_data_from_numpy(np.array(pictures, dtype=np.object_))
+    return tensor
+
+
+def rest_probabilities(server: UvicornProcess, data: bytes) -> np.ndarray:
+    """What ``/predict`` answers for the same image, as dense probabilities."""
+    response = httpx.post(f"{server.url}/predict?top_k=12", content=data,
+                          headers={"content-type": "image/jpeg"})  # fmt: skip
+    assert response.status_code == 200, response.text
+    dense = np.zeros(12, dtype=np.float32)
+    for entry in response.json()["predictions"]:
+        dense[entry["index"]] = entry["score"]
+    return dense
+
+
+def status_of(call: Any) -> Any:
+    with pytest.raises(utils.InferenceServerException) as raised:
+        call()
+    return raised.value.status()
+
+
+def scrape(server: UvicornProcess, name: str) -> float:
+    return metric(httpx.get(f"{server.url}/metrics", timeout=5).text, name)
+
+
+def test_health_and_metadata(client: Any) -> None:
+    assert client.is_server_live()
+    assert client.is_server_ready()
+    assert client.is_model_ready(MODEL)
+    assert client.is_model_ready(MODEL, "1")
+    assert not client.is_model_ready("no_such_model")
+    server = client.get_server_metadata(as_json=True)
+    assert server["name"] == "batchserve"
+    assert {"classification", "model_repository"} <= set(server["extensions"])
+    model = client.get_model_metadata(MODEL, as_json=True)
+    assert model["name"] == MODEL
+    assert model["versions"] == ["1"]
+    assert [(each["name"], each["datatype"]) for each in model["inputs"]] == [
+        ("image", "BYTES"), ("pixels", "UINT8"), ("tensor", "FP32"),
+    ]  # fmt: skip
+    assert model["outputs"][0] == {"name": "probabilities", "datatype": "FP32",
+                                   "shape": ["-1", "12"]}  # fmt: skip
+
+
+def test_images_as_rest_answers_them(server: UvicornProcess, client: Any) -> None:
+    result = client.infer(MODEL, [image_input(PICTURES)])
+    probabilities = result.as_numpy("probabilities")
+    assert probabilities.shape == (3, 12)
+    assert result.get_response().model_version == "1"
+    for row, data in zip(probabilities, PICTURES, strict=True):
+        np.testing.assert_allclose(row, rest_probabilities(server, data), atol=1e-5)
+    one = client.infer(MODEL, [image_input(PICTURES[:1])]).as_numpy("probabilities")
+    np.testing.assert_allclose(one[0], probabilities[0], atol=1e-5)
+
+
+def test_classification_extension(client: Any) -> None:
+    outputs = [grpcclient.InferRequestedOutput("probabilities", class_count=3)]
+    result = client.infer(MODEL, [image_input(PICTURES)], outputs=outputs)
+    labels = result.as_numpy("probabilities")
+    assert labels.shape == (3, 3)
+    dense = client.infer(MODEL, [image_input(PICTURES)]).as_numpy("probabilities")
+    for row, ranked in zip(dense, labels, strict=True):
+        scores = [float(entry.decode().split(":")[0]) for entry in ranked]
+        indices = [int(entry.decode().split(":")[1]) for entry in ranked]
+        assert indices == list(np.argsort(-row)[:3])
+        np.testing.assert_allclose(scores, row[indices], atol=1e-5)
+
+
+def test_pixels_and_tensors_as_rest_answers_them(server: UvicornProcess, client: Any) -> None:
+    http = pytest.importorskip("tritonclient.http")
+    rest = http.InferenceServerClient(server.url.removeprefix("http://"))
+    rng = np.random.default_rng(0)
+    pixels = np.asarray(images.photo(120, 90, seed=4), dtype=np.uint8)[None]
+    tensor = rng.standard_normal((2, 3, 224, 224)).astype(np.float32)
+    for name, datatype, array in (("pixels", "UINT8", pixels), ("tensor", "FP32", tensor)):
+        over_grpc = grpcclient.InferInput(name, list(array.shape), datatype)
+        over_grpc.set_data_from_numpy(array)
+        over_rest = http.InferInput(name, list(array.shape), datatype)
+        over_rest.set_data_from_numpy(array, binary_data=True)
+        got = client.infer(MODEL, [over_grpc]).as_numpy("probabilities")
+        expected = rest.infer(MODEL, [over_rest]).as_numpy("probabilities")
+        assert got.shape == (len(array), 12)
+        np.testing.assert_allclose(got, expected, atol=1e-5)
+    rest.close()
+
+
+def test_typed_contents_are_read_as_raw_ones(server: UvicornProcess, client: Any) -> None:
+    """Not what Triton's client sends, but what the protocol allows: ``contents``."""
+    pixels = np.asarray(images.photo(32, 24, seed=5), dtype=np.uint8)[None]
+    typed = service_pb2.ModelInferRequest(model_name=MODEL)
+    contents = service_pb2.InferTensorContents
+    typed.inputs.add(name="pixels", datatype="UINT8", shape=list(pixels.shape),
+                     contents=contents(uint_contents=pixels.ravel().tolist()))  # fmt: skip
+    typed.inputs.add(name="image", datatype="BYTES", shape=[1],
+                     contents=contents(bytes_contents=PICTURES[:1]))  # fmt: skip
+    with grpc.insecure_channel(server.grpc_target) as channel:
+        stub = service_pb2_grpc.GRPCInferenceServiceStub(channel)
+        with pytest.raises(grpc.RpcError) as two_inputs:
+            stub.ModelInfer(typed)
+        assert two_inputs.value.code() is grpc.StatusCode.INVALID_ARGUMENT
+        del typed.inputs[1]
+        reply = stub.ModelInfer(typed)
+    got = np.frombuffer(reply.raw_output_contents[0], dtype="<f4")
+    raw = grpcclient.InferInput("pixels", list(pixels.shape), "UINT8")
+    raw.set_data_from_numpy(pixels)
+    expected = client.infer(MODEL, [raw]).as_numpy("probabilities")[0]
+    np.testing.assert_allclose(got, expected, atol=1e-6)
+
+
+def test_priority_and_timeout(client: Any) -> None:
+    first = client.infer(MODEL, [image_input(PICTURES[:1])], priority=1, timeout=5_000_000)
+    assert first.as_numpy("probabilities").shape == (1, 12)
+    late = status_of(lambda: client.infer(MODEL, [image_input(PICTURES[:1])], timeout=1))
+    assert late == "StatusCode.DEADLINE_EXCEEDED"
+    wrong = status_of(lambda: client.infer(MODEL, [image_input(PICTURES[:1])], priority=99))
+    assert wrong == "StatusCode.INVALID_ARGUMENT"
+
+
+def test_errors_are_grpc_statuses(client: Any) -> None:
+    broken = image_input([b"not an image"])
+    assert status_of(lambda: client.infer(MODEL, [broken])) == "StatusCode.INVALID_ARGUMENT"
+    assert status_of(lambda: client.infer("no_such_model", [image_input(PICTURES[:1])])) == (
+        "StatusCode.NOT_FOUND"
+    )
+    assert status_of(
+        lambda: client.infer(MODEL, [image_input(PICTURES[:1])], model_version="7")
+    ) == "StatusCode.NOT_FOUND"  # fmt: skip
+    unknown = grpcclient.InferInput("audio", [1], "BYTES")
+    unknown.set_data_from_numpy(np.array([b"x"], dtype=np.object_))
+    assert status_of(lambda: client.infer(MODEL, [unknown])) == "StatusCode.INVALID_ARGUMENT"
+    too_many = [grpcclient.InferRequestedOutput("probabilities", class_count=13)]
+    assert status_of(
+        lambda: client.infer(MODEL, [image_input(PICTURES[:1])], outputs=too_many)
+    ) == "StatusCode.INVALID_ARGUMENT"  # fmt: skip
+    assert status_of(lambda: client.get_model_config(MODEL)) == "StatusCode.UNIMPLEMENTED"
+    # Without model control, loading is refused as over REST (400 there).
+    assert status_of(lambda: client.load_model(MODEL)) == "StatusCode.INVALID_ARGUMENT"
+
+
+def test_a_malformed_tensor_is_invalid_argument(server: UvicornProcess) -> None:
+    request = service_pb2.ModelInferRequest(model_name=MODEL)
+    request.inputs.add(name="pixels", datatype="UINT8", shape=[1, 4, 4, 3])
+    request.raw_input_contents.append(b"\x00" * 47)  # one byte short of 4 * 4 * 3
+    with grpc.insecure_channel(server.grpc_target) as channel:
+        stub = service_pb2_grpc.GRPCInferenceServiceStub(channel)
+        with pytest.raises(grpc.RpcError) as raised:
+            stub.ModelInfer(request)
+    assert raised.value.code() is grpc.StatusCode.INVALID_ARGUMENT
+    assert "Traceback" not in (raised.value.details() or "")
+
+
+def noise_png(width: int, height: int) -> bytes:
+    """A PNG that does not compress: larger than gRPC's default 4 MiB message."""
+    rng = np.random.default_rng(width)
+    pixels = rng.integers(0, 256, (height, width, 3), dtype=np.uint8)
+    buffer = io.BytesIO()
+    Image.fromarray(pixels).save(buffer, "PNG", compress_level=0)
+    return buffer.getvalue()
+
+
+def test_images_over_four_mebibytes(server: UvicornProcess, client: Any) -> None:
+    large = noise_png(1400, 1100)
+    assert 4 * MiB < len(large) < 5 * MiB
+    result = client.infer(MODEL, [image_input([large, large])])  # 9 MiB in one message
+    assert result.as_numpy("probabilities").shape == (2, 12)
+    # One image over MAX_IMAGE_BYTES (5 MiB); a message over what admission could ever hold.
+    over = status_of(lambda: client.infer(MODEL, [image_input([large + b"\x00" * MiB])]))
+    assert over == "StatusCode.RESOURCE_EXHAUSTED"
+    message = status_of(lambda: client.infer(MODEL, [image_input([large] * 4)]))
+    assert message == "StatusCode.RESOURCE_EXHAUSTED"
+
+
+def test_standard_health_check_and_reflection(server: UvicornProcess) -> None:
+    from grpc_reflection.v1alpha.proto_reflection_descriptor_database import (
+        ProtoReflectionDescriptorDatabase,
+    )
+
+    with grpc.insecure_channel(server.grpc_target) as channel:
+        health = health_pb2_grpc.HealthStub(channel)
+        for service in ("", "inference.GRPCInferenceService"):
+            reply = health.Check(health_pb2.HealthCheckRequest(service=service))
+            assert reply.status == health_pb2.HealthCheckResponse.SERVING
+        services = ProtoReflectionDescriptorDatabase(channel).get_services()
+    assert {"inference.GRPCInferenceService", "grpc.health.v1.Health"} <= set(services)
+
+
+def test_calls_are_counted_in_the_metrics(server: UvicornProcess, client: Any) -> None:
+    ok = 'batchserve_requests_total{route="grpc_infer",outcome="ok"}'
+    before = scrape(server, ok)
+    client.infer(MODEL, [image_input(PICTURES[:1])])
+    assert scrape(server, ok) == before + 1
+    status_of(lambda: client.infer(MODEL, [image_input([b"broken"])]))
+    assert scrape(server, 'batchserve_requests_total{route="grpc_infer",outcome="ok"}') == (
+        before + 1
+    )
+
+
+def test_the_asyncio_client(server: UvicornProcess) -> None:
+    async def scenario() -> list[np.ndarray]:
+        client = grpcaio.InferenceServerClient(server.grpc_target)
+        try:
+            assert await client.is_server_ready()
+            replies = await asyncio.gather(
+                *(client.infer(MODEL, [image_input([data])]) for data in PICTURES * 4)
+            )
+        finally:
+            await client.close()
+        return [reply.as_numpy("probabilities")[0] for reply in replies]
+
+    answers = asyncio.run(scenario())
+    for index, data in enumerate(PICTURES):
+        np.testing.assert_allclose(answers[index], rest_probabilities(server, data), atol=1e-5)
+
+
+# -- a slow model: cancellation, the call's deadline, the drain ----------------------------------
+
+
+@pytest.mark.slow
+def test_a_cancelled_call_and_an_expired_deadline_withdraw_their_images() -> None:
+    env = {**SLOW_ENV, "BATCHSERVE_TEST_SLOW_SECONDS": "0.5"}
+    with UvicornProcess(env) as server:
+
+        async def scenario() -> None:
+            client = grpcaio.InferenceServerClient(server.grpc_target)
+            try:
+                running = asyncio.ensure_future(client.infer(MODEL, [image_input(PICTURES[:1])]))
+                await asyncio.to_thread(
+                    wait_for, lambda: scrape(server, "batchserve_inflight_batches") == 1
+                )
+                quitter = asyncio.ensure_future(client.infer(MODEL, [image_input(PICTURES[:2])]))
+                expiring = client.infer(MODEL, [image_input(PICTURES[:1])], client_timeout=0.2)
+                late = asyncio.ensure_future(expiring)
+                await asyncio.to_thread(
+                    wait_for, lambda: scrape(server, "batchserve_queue_depth") == 3
+                )
+                quitter.cancel()
+                with pytest.raises(utils.InferenceServerException) as raised:
+                    await late
+                assert raised.value.status() == "StatusCode.DEADLINE_EXCEEDED"
+                await asyncio.to_thread(
+                    wait_for, lambda: scrape(server, "batchserve_queue_depth") == 0
+                )
+                reply = await running
+                assert reply.as_numpy("probabilities").shape == (1, 12)
+            finally:
+                await client.close()
+
+        asyncio.run(scenario())
+        time.sleep(0.6)  # had they been dispatched, their batches would have finished by now
+        assert scrape(server, 'batchserve_batches_total{result="ok"}') == 1
+
+
+def wait_for(condition: Any, timeout: float = 10.0) -> None:
+    deadline = time.monotonic() + timeout
+    while not condition():
+        if time.monotonic() > deadline:
+            raise AssertionError("condition not reached in time")
+        time.sleep(0.02)
+
+
+@pytest.mark.slow
+def test_sigterm_drains_grpc_calls() -> None:
+    env = {**SLOW_ENV, "BATCHSERVE_TEST_SLOW_SECONDS": "0.3", "BATCHSERVE_DRAIN_TIMEOUT_S": "20"}
+    with UvicornProcess(env) as server:
+
+        async def scenario() -> tuple[list[Any], Any, Any, bool]:
+            client = grpcaio.InferenceServerClient(server.grpc_target)
+            try:
+                accepted = [
+                    asyncio.ensure_future(client.infer(MODEL, [image_input(PICTURES[:1])]))
+                    for _ in range(4)
+                ]
+                await asyncio.to_thread(
+                    wait_for, lambda: scrape(server, "batchserve_queue_depth") == 3
+                )
+                server.terminate()
+                await asyncio.sleep(0.1)
+                async with grpc.aio.insecure_channel(server.grpc_target) as channel:
+                    health = health_pb2_grpc.HealthStub(channel)
+                    serving = await health.Check(health_pb2.HealthCheckRequest())
+                ready = await client.is_server_ready()
+                try:
+                    await client.infer(MODEL, [image_input(PICTURES[:1])])
+                    refused: Any = None
+                except utils.InferenceServerException as exc:
+                    refused = exc.status()
+                replies = await asyncio.gather(*accepted, return_exceptions=True)
+            finally:
+                await client.close()
+            return replies, serving.status, refused, ready
+
+        replies, serving, refused, ready = asyncio.run(scenario())
+        assert all(not isinstance(reply, BaseException) for reply in replies), replies
+        assert serving == health_pb2.HealthCheckResponse.NOT_SERVING
+        assert not ready
+        assert refused == "StatusCode.UNAVAILABLE"
+        assert server.wait(timeout=20) in (0, -15), server.read_output()
+        assert "Traceback" not in server.read_output()
+
+
+# -- start-up, keys and the repository ------------------------------------------------------------
+
+
+def test_a_taken_port_stops_start_up_with_one_clear_line() -> None:
+    with socket.socket() as taken:
+        # A holder that allows sharing: only gRPC's own SO_REUSEPORT (off) keeps it from joining.
+        taken.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEPORT, 1)
+        taken.bind(("127.0.0.1", 0))
+        taken.listen()
+        port = taken.getsockname()[1]
+        process = UvicornProcess({**BASE_ENV, "BATCHSERVE_GRPC_PORT": str(port)})
+        try:
+            with pytest.raises(RuntimeError, match="exited early") as failed:
+                process.__enter__()
+        finally:
+            process.stop()
+    lines = [line for line in str(failed.value).splitlines() if "CRITICAL" in line]
+    assert len(lines) == 1
+    assert (
+        f"cannot start: cannot listen for gRPC on 127.0.0.1:{port}: the port is taken" in (lines[0])
+    )
+
+
+def test_keys_and_the_repository_over_grpc(tmp_path: Path) -> None:
+    env = {
+        **BASE_ENV,
+        "BATCHSERVE_MODEL_REPOSITORY": str(colour_repository(tmp_path)),
+        "BATCHSERVE_MODEL_CONTROL": "explicit",
+        "BATCHSERVE_LOAD_MODELS": "colors",
+        "BATCHSERVE_API_KEY": "sesame",
+    }
+    with UvicornProcess(env) as server:
+        client = grpcclient.InferenceServerClient(server.grpc_target)
+        key = {"authorization": "Bearer sesame"}
+        try:
+            assert client.is_server_ready()  # health stays open, as over HTTP
+            for headers in (None, {"authorization": "Bearer wrong"}):
+                assert status_of(
+                    lambda h=headers: client.get_model_repository_index(headers=h)
+                ) == "StatusCode.UNAUTHENTICATED"  # fmt: skip
+            index = client.get_model_repository_index(headers=key, as_json=True)["models"]
+            assert {(m["name"], m.get("state")) for m in index} >= {
+                ("colors", "READY"), ("probe", "UNAVAILABLE"),
+            }  # fmt: skip
+            assert not client.is_model_ready("probe")
+            client.load_model("probe", headers=key)
+            assert client.is_model_ready("probe")
+            image = image_input(PICTURES[:1])
+            latest = client.infer("colors", [image], headers=key)
+            assert latest.get_response().model_version == "2"
+            np.testing.assert_allclose(
+                latest.as_numpy("probabilities"), rest_v2(server, "colors", "2"), atol=1e-5
+            )
+            client.unload_model("probe", headers=key)
+            assert not client.is_model_ready("probe")
+            gone = status_of(lambda: client.infer("probe", [image], headers=key))
+            assert gone == "StatusCode.NOT_FOUND"
+        finally:
+            client.close()
+
+
+def rest_v2(server: UvicornProcess, model: str, version: str) -> np.ndarray:
+    http = pytest.importorskip("tritonclient.http")
+    rest = http.InferenceServerClient(server.url.removeprefix("http://"))
+    tensor = http.InferInput("image", [1], "BYTES")
+    tensor.set_data_from_numpy(np.array(PICTURES[:1], dtype=np.object_))
+    try:
+        key = {"authorization": "Bearer sesame"}
+        result = rest.infer(model, [tensor], model_version=version, headers=key)
+        return result.as_numpy("probabilities")  # type: ignore[no-any-return]
+    finally:
+        rest.close()
+
+
+def test_grpc_listens_where_uvicorn_was_told_to_unless_told_otherwise() -> None:
+    from app.grpc.server import http_host, listen_address, message_limit
+    from tests.conftest import make_settings
+
+    assert http_host(["uvicorn", "app.main:app", "--host", "0.0.0.0"], {}) == "0.0.0.0"
+    assert http_host(["uvicorn", "app.main:app", "--host=::"], {}) == "::"
+    assert http_host(["uvicorn", "app.main:app"], {"UVICORN_HOST": "10.0.0.5"}) == "10.0.0.5"
+    assert http_host(["python", "serve.py"], {}) == "127.0.0.1"
+    assert listen_address(make_settings(grpc_port=8001, grpc_host="::1")) == "[::1]:8001"
+    assert listen_address(make_settings(grpc_port=9000, grpc_host="0.0.0.0")) == "0.0.0.0:9000"
+    settings = make_settings(max_image_bytes=MiB, max_queue_size=4, max_queue_bytes=64 * MiB)
+    assert message_limit(settings) == 4 * MiB + 64 * 1024
+    assert message_limit(make_settings()) == 256 * MiB + 64 * 1024
