@@ -10,7 +10,7 @@ import math
 from collections import deque
 from collections.abc import Callable, Sequence
 from concurrent.futures import ThreadPoolExecutor
-from typing import Generic, TypeVar
+from typing import Generic, TypeVar, cast
 
 from batching.clock import Cancellable, Clock, LoopClock
 from batching.config import BatchConfig
@@ -41,7 +41,7 @@ class _Request(Generic[T, R]):
         cost: int,
         priority: int,
     ) -> None:
-        self.item = item
+        self.item: T | None = item  # let go once answered: the request may outlive its answer
         self.future = future
         self.arrival = arrival
         self.deadline = deadline
@@ -143,6 +143,7 @@ class DynamicBatcher(Generic[T, R]):
         self._failure: BaseException | None = None
         # One timer for the earliest deadline, not one per request: a heap of deadlines.
         self._deadlines: list[tuple[float, int, _Request[T, R]]] = []
+        self._watched = 0  # unfinished requests in the deadline heap
         self._deadline_sequence = itertools.count()
         self._deadline_timer: Cancellable | None = None
         self._deadline_timer_at = _NEVER
@@ -287,10 +288,20 @@ class DynamicBatcher(Generic[T, R]):
         return future
 
     def _withdraw(self, request: _Request[T, R]) -> None:
-        """A request's future is done: if it is still queued, it was cancelled there."""
+        """A request's future is done: if it is still queued, it was cancelled there. Either
+        way its item goes now, though the request itself may wait in the queues (removed
+        lazily) and in the deadline heap (behind earlier deadlines) for a while."""
+        request.item = None
         if request.queued:
             self._dequeue(request)
             self._observer.on_drop("cancelled", self._clock.now() - request.arrival)
+        if request.deadline is not None:
+            self._watched -= 1
+            heap = self._deadlines
+            # Behind one long-waiting request, finished ones pile up: keep at most half.
+            if len(heap) > 64 and len(heap) > 2 * self._watched:
+                heap[:] = [entry for entry in heap if not entry[2].future.done()]
+                heapq.heapify(heap)
 
     def _closed_reason(self) -> str:
         if self._failure is not None:
@@ -316,6 +327,7 @@ class DynamicBatcher(Generic[T, R]):
         while heap and heap[0][2].future.done():  # finished requests leave from the top
             heapq.heappop(heap)
         heapq.heappush(heap, (deadline, next(self._deadline_sequence), request))
+        self._watched += 1
         if deadline < self._deadline_timer_at:
             self._arm_deadline_timer(deadline)
 
@@ -456,7 +468,8 @@ class DynamicBatcher(Generic[T, R]):
         error: BaseException | None = None
         try:
             assert self._executor is not None
-            items = [request.item for request in batch]
+            # Dispatched requests are unanswered, so each still has its item.
+            items = [cast(T, request.item) for request in batch]
             results = await asyncio.get_running_loop().run_in_executor(
                 self._executor, self._run_batch, items
             )

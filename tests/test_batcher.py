@@ -418,3 +418,43 @@ def test_priority_config_is_validated() -> None:
         BatchConfig(priority_levels=0)
     with pytest.raises(ValueError, match="default_priority"):
         BatchConfig(priority_levels=2, default_priority=2)
+
+
+async def test_answered_requests_are_let_go_behind_a_long_waiting_one() -> None:
+    """A request waiting with the earliest deadline keeps the deadline heap's top; the ones
+    answered meanwhile must not keep their items alive behind it."""
+    import gc
+    import threading
+    import weakref
+
+    class Image:
+        def __init__(self, value: int) -> None:
+            self.value = value
+
+    held: list[weakref.ref[Image]] = []
+    gate = threading.Event()
+
+    def run(items: list[Image]) -> list[int]:  # keeps nothing, unlike the recording fakes
+        if items[0].value < 0:
+            gate.wait(30)
+        return [item.value for item in items]
+
+    batcher: DynamicBatcher[Any, Any] = DynamicBatcher(
+        run, BatchConfig(max_batch_size=1, max_inflight_batches=2, dispatch_when_idle=True),
+        clock=ManualClock(),
+    )  # fmt: skip
+    batcher.start()
+    waiter = asyncio.ensure_future(batcher.submit(Image(-1), deadline=100.0))
+    await until(lambda: batcher.inflight_batches == 1)  # the top of the heap until it ends
+    for index in range(200):
+        image = Image(index)
+        held.append(weakref.ref(image))
+        answer = batcher.submit(image, deadline=200.0)
+        del image
+        assert await answer == index
+    gc.collect()
+    assert [ref for ref in held if ref() is not None] == []
+    assert len(batcher._deadlines) <= 64 + 2
+    gate.set()
+    assert (await waiter) == -1
+    await batcher.aclose()
