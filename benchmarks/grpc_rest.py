@@ -50,7 +50,7 @@ async def _closed_loop(
     if protocol == "grpc":
         import tritonclient.grpc.aio as triton
     else:
-        import tritonclient.http.aio as triton  # type: ignore[no-redef]
+        import tritonclient.http.aio as triton
     client = triton.InferenceServerClient(target)
     inputs = []
     for data in images:
