@@ -20,7 +20,7 @@ install: $(STAMP)
 serve: $(STAMP)
 	$(BIN)/python -m uvicorn app.main:app --host $(HOST) --port $(PORT)
 
-## One worker per device (or per share of the CPUs) on ports 8000, 8001, ... under supervisord
+## One worker per device (or per share of the CPUs) on ports 8000, 8001, ... (gRPC 9000, 9001, ...) under supervisord
 WORKERS ?= 2
 serve-workers: $(STAMP)
 	mkdir -p .run

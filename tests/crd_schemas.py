@@ -6,6 +6,9 @@ the published CRDs (no cluster, and so no API server, validates them here):
 - Prometheus operator ``ServiceMonitor``, ``monitoring.coreos.com/v1``: prometheus-operator
   ``example/prometheus-operator-crd/monitoring.coreos.com_servicemonitors.yaml`` (operator
   0.84.1) at 01b1a0ea3113af46d69ae3d2ee717bd10b2de1d1;
+- Prometheus operator ``PrometheusRule``, ``monitoring.coreos.com/v1``: prometheus-operator
+  ``example/prometheus-operator-crd/monitoring.coreos.com_prometheusrules.yaml`` (operator
+  0.84.1), the group and rule fields;
 - KServe ``InferenceService``, ``serving.kserve.io/v1beta1``: the predictor fields of kserve/kserve
   ``python/kserve/kserve/models/v1beta1_predictor_spec.py`` (generated from the CRD's OpenAPI)
   at 0217bdabaaa250485b336805da1aed04960dc758.
@@ -141,6 +144,43 @@ SERVICE_MONITOR: Schema = _object(
     ["apiVersion", "kind", "metadata", "spec"],
 )
 
+_RULE: Schema = {
+    "type": "object",
+    "properties": {
+        "record": _STRING, "alert": _STRING, "expr": {"type": ["string", "integer"]},
+        "for": {"type": "string", "pattern": _DURATION},
+        "keep_firing_for": {"type": "string", "pattern": _DURATION},
+        "labels": _STRING_MAP, "annotations": _STRING_MAP,
+    },
+    "required": ["expr"],
+    "oneOf": [{"required": ["record"]}, {"required": ["alert"]}],
+    "additionalProperties": False,
+}  # fmt: skip
+
+PROMETHEUS_RULE: Schema = _object(
+    {
+        "apiVersion": {"const": "monitoring.coreos.com/v1"},
+        "kind": {"const": "PrometheusRule"},
+        "metadata": _METADATA,
+        "spec": _object(
+            {
+                "groups": {
+                    "type": "array",
+                    "items": _object(
+                        {
+                            "name": {"type": "string", "minLength": 1},
+                            "interval": {"type": "string", "pattern": _DURATION},
+                            "rules": {"type": "array", "items": _RULE},
+                        },
+                        ["name"],
+                    ),
+                },
+            },
+        ),
+    },
+    ["apiVersion", "kind", "metadata", "spec"],
+)
+
 _CONTAINER: Schema = {
     "type": "object",
     "properties": {
@@ -186,5 +226,6 @@ INFERENCE_SERVICE: Schema = _object(
 BY_KIND = {
     "ScaledObject": SCALED_OBJECT,
     "ServiceMonitor": SERVICE_MONITOR,
+    "PrometheusRule": PROMETHEUS_RULE,
     "InferenceService": INFERENCE_SERVICE,
 }

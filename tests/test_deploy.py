@@ -15,6 +15,7 @@ import jsonschema
 import pytest
 import yaml
 
+from app.settings import Settings
 from tests.crd_schemas import BY_KIND
 from tests.tools import require_tool
 
@@ -24,6 +25,17 @@ KUBERNETES = DEPLOY / "kubernetes"
 PROMETHEUS = DEPLOY / "prometheus"
 OVERLAYS = ["cpu", "gpu", "repository"]
 BIN = Path(sys.executable).parent  # tools installed in this virtual environment
+
+
+def load_module(path: Path) -> Any:
+    import importlib.util
+
+    spec = importlib.util.spec_from_file_location(path.stem, path)
+    assert spec is not None
+    assert spec.loader is not None
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
 
 
 def rendered(overlay: str) -> list[dict[str, Any]]:
@@ -59,8 +71,8 @@ def test_overlays_render_and_the_core_objects_validate_strictly(
     documents = rendered(overlay)
     kinds = sorted(document["kind"] for document in documents)
     extra = ["PersistentVolumeClaim"] if overlay == "repository" else []
-    assert kinds == sorted(["ConfigMap", "Deployment", "PodDisruptionBudget", "ScaledObject",
-                            "Service", "ServiceMonitor", *extra])  # fmt: skip
+    assert kinds == sorted(["ConfigMap", "Deployment", "PodDisruptionBudget", "PrometheusRule",
+                            "ScaledObject", "Service", "ServiceMonitor", *extra])  # fmt: skip
     validate_strictly([d for d in documents if d["kind"] not in BY_KIND], tmp_path)
     for document in documents:
         if document["kind"] in BY_KIND:
@@ -169,3 +181,65 @@ def test_the_dashboard_is_built_on_the_recording_rules() -> None:
         used = set(re.findall(r"batchserve:[a-z0-9_:]+", query))
         assert used, f"{query} does not use a recording rule"
         assert used <= records, used - records
+
+
+@pytest.mark.parametrize("overlay", OVERLAYS)
+def test_the_disruption_budget_selects_the_deployments_pods(overlay: str) -> None:
+    documents = rendered(overlay)
+    selector = by_kind(documents, "PodDisruptionBudget")["spec"].get("selector", {})
+    pod_labels = by_kind(documents, "Deployment")["spec"]["template"]["metadata"]["labels"]
+    # policy/v1: an empty or missing selector selects no pod, and the budget protects nothing.
+    assert selector.get("matchLabels")
+    assert selector["matchLabels"].items() <= pod_labels.items()
+
+
+def test_the_rules_reach_the_cluster_and_cannot_drift_from_rules_yaml() -> None:
+    render = load_module(DEPLOY / "prometheus" / "render.py")
+    committed = (KUBERNETES / "base" / "prometheusrule.yaml").read_text()
+    assert committed == render.render(), "run python deploy/prometheus/render.py"
+    documents = rendered("cpu")
+    rule = by_kind(documents, "PrometheusRule")
+    source = yaml.safe_load((PROMETHEUS / "rules.yaml").read_text())
+    assert rule["spec"]["groups"] == source["groups"]
+    recorded = {r["record"] for g in rule["spec"]["groups"] for r in g["rules"] if "record" in r}
+    scaled = by_kind(documents, "ScaledObject")["spec"]
+    queries = " ".join(trigger["metadata"]["query"] for trigger in scaled["triggers"])
+    used = set(re.findall(r"batchserve:[a-z_:0-9]+", queries))
+    assert used
+    assert used <= recorded  # every recording rule KEDA reads is installed
+
+
+def test_every_trigger_is_valid_with_the_fallback() -> None:
+    scaled = by_kind(rendered("cpu"), "ScaledObject")["spec"]
+    assert scaled["fallback"]["replicas"] >= 1
+    # KEDA applies a fallback to AverageValue triggers only (and its webhook may refuse others).
+    assert {t.get("metricType", "AverageValue") for t in scaled["triggers"]} == {"AverageValue"}
+
+
+def test_kserve_waits_for_a_slow_start_before_liveness() -> None:
+    service = yaml.safe_load((KUBERNETES / "kserve" / "inferenceservice.yaml").read_text())
+    (container,) = service["spec"]["predictor"]["containers"]
+    startup = container["startupProbe"]
+    assert startup["periodSeconds"] * startup["failureThreshold"] >= 300
+    ports = {port["name"]: port["containerPort"] for port in container["ports"]}
+    assert ports == {"http1": 8000, "h2c": 8001}
+    assert container["readinessProbe"]["grpc"]["port"] == 8001
+
+
+def test_supervisord_workers_neither_crash_loop_nor_share_ports() -> None:
+    import configparser
+
+    config = configparser.RawConfigParser()
+    config.read(DEPLOY / "host" / "supervisord.conf")
+    program = config["program:batchserve"]
+    assert int(program["startsecs"]) > 0
+    assert program["autorestart"] == "unexpected"
+    assert "3" in program["exitcodes"].split(",")  # uvicorn's start-up failure is final
+    bases = [int(b) for b in re.findall(r"\$\(\((\d+) \+ %\(process_num\)d\)\)",
+                                        program["command"])]  # fmt: skip
+    assert len(bases) == 2
+    workers = Settings.model_fields["workers"].metadata
+    most = max(m.le for m in workers if hasattr(m, "le"))
+    ports = [base + index for base in bases for index in range(most)]
+    assert len(set(ports)) == len(ports)
+    assert max(ports) < 65536

@@ -107,10 +107,10 @@ def test_supervisord_runs_one_worker_per_share_and_drains_them(
     for count, url in enumerate(urls, start=1):
         text = httpx.get(f"{url}/metrics").text
         assert metric(text, 'batchserve_requests_total{outcome="ok",route="predict"}') == count
-    # Each worker has its own gRPC port (8100 + i), serving its own model.
+    # Each worker has its own gRPC port (9000 + i), serving its own model.
     grpcclient = pytest.importorskip("tritonclient.grpc")
     for index in range(len(urls)):
-        client = grpcclient.InferenceServerClient(f"127.0.0.1:{8100 + index}")
+        client = grpcclient.InferenceServerClient(f"127.0.0.1:{9000 + index}")
         assert client.is_model_ready("color_classifier")
         client.close()
     threads = [httpx.get(f"{url}/v1/models").json()["models"][0] for url in urls]
