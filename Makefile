@@ -18,7 +18,10 @@ install: $(STAMP)
 
 ## Start the server on the default model (resnet50) at http://$(HOST):$(PORT)
 serve: $(STAMP)
-	$(BIN)/python -m uvicorn app.main:app --host $(HOST) --port $(PORT)
+	@# A first try offline: random weights (said loudly) unless WEIGHTS is set in the environment or .env.
+	@if [ -z "$$BATCHSERVE_WEIGHTS" ] && ! grep -qs '^BATCHSERVE_WEIGHTS=' .env; then \
+		export BATCHSERVE_WEIGHTS=auto; fi; \
+	exec $(BIN)/python -m uvicorn app.main:app --host $(HOST) --port $(PORT)
 
 ## One worker per device (or per share of the CPUs) on ports 8000, 8001, ... (gRPC 9000, 9001, ...) under supervisord
 WORKERS ?= 2

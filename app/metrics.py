@@ -154,8 +154,8 @@ class Metrics:
         )
         self.model_info = Gauge(
             "batchserve_model_info",
-            "Each model version being served (always 1)",
-            [*_VERSION, "device", "precision", "backend"],
+            'Each model version being served (always 1); weights is "random" when they are',
+            [*_VERSION, "device", "precision", "backend", "weights"],
             registry=r,
         )
         self.ready = Gauge("batchserve_ready", "1 while /readyz answers 200", registry=r)
@@ -271,6 +271,7 @@ class VersionMetrics(BatchObserver, EngineObserver):
         device: torch.device,
         precision: str,
         backend: str,
+        weights: str,
         queue_depth: Callable[[], float],
         inflight: Callable[[], float],
     ) -> None:
@@ -279,7 +280,7 @@ class VersionMetrics(BatchObserver, EngineObserver):
         self._device = str(device)
         self._busy = metrics.device_busy.labels(self._device, *labels)
         self._preprocess = metrics.device_preprocess.labels(self._device, *labels)
-        self._info = (*labels, self._device, precision, backend)
+        self._info = (*labels, self._device, precision, backend, weights)
         metrics.model_info.labels(*self._info).set(1)
         metrics.queue_depth.labels(*labels).set_function(queue_depth)
         metrics.inflight_batches.labels(*labels).set_function(inflight)

@@ -37,7 +37,7 @@ MODEL_KEYS = frozenset({
     "int8_gate_max_mean_total_variation", "int8_gate_max_probability_difference",
     "int8_gate_min_images", "max_batch_size", "max_queue_delay_ms", "preferred_batch_sizes",
     "max_inflight_batches", "latency_slo_ms", "dispatch_when_idle", "priority_levels",
-    "default_priority", "request_timeout_ms", "top_k",
+    "default_priority", "request_timeout_ms", "max_request_timeout_ms", "top_k",
 })  # fmt: skip
 
 
@@ -54,7 +54,7 @@ class Settings(BaseSettings):
 
     # The model
     model: str = Field("resnet50", min_length=1)
-    weights: str = "auto"
+    weights: str = "pretrained"
     labels: Path | None = None
     device: str = "auto"
     precision: Precision = "auto"
@@ -86,6 +86,9 @@ class Settings(BaseSettings):
     priority_levels: int = Field(3, ge=1, le=16)
     default_priority: int = Field(2, ge=1, le=16)
     request_timeout_ms: float = Field(30_000, gt=0)
+    # The longest deadline a client may ask for (None: REQUEST_TIMEOUT_MS): a request's bytes
+    # and its place in the queue are held that long at most.
+    max_request_timeout_ms: float | None = Field(None, gt=0)
     drain_timeout_s: float = Field(30.0, ge=0)
 
     # Requests
@@ -182,6 +185,14 @@ class Settings(BaseSettings):
                 "PRECISION=int8 is served by BACKEND=onnxruntime or BACKEND=openvino, from a "
                 "quantized artefact that passed its accuracy gate"
             )
+        if self.max_request_timeout_ms is not None and (
+            self.max_request_timeout_ms < self.request_timeout_ms
+        ):
+            raise ValueError(
+                f"MAX_REQUEST_TIMEOUT_MS ({self.max_request_timeout_ms}) cannot be below "
+                f"REQUEST_TIMEOUT_MS ({self.request_timeout_ms}), the deadline of requests "
+                "that name none"
+            )
         if self.worker_index >= self.workers:
             raise ValueError(
                 f"WORKER_INDEX ({self.worker_index}) must be below WORKERS ({self.workers})"
@@ -233,6 +244,11 @@ class Settings(BaseSettings):
     @property
     def request_timeout_s(self) -> float:
         return self.request_timeout_ms / 1000
+
+    @property
+    def max_request_timeout_s(self) -> float:
+        limit = self.max_request_timeout_ms
+        return (limit if limit is not None else self.request_timeout_ms) / 1000
 
     @property
     def decode_threads(self) -> int:

@@ -120,7 +120,7 @@ async def test_metrics_exposes_the_documented_names(client: httpx.AsyncClient) -
         'batchserve_stage_seconds_count{model="color_classifier",stage="postprocess",version="1"}',
         f'batchserve_device_busy_seconds_total{{device="cpu",{one}}}',
         'batchserve_model_info{backend="torch",device="cpu",model="color_classifier",'
-        'precision="fp32",version="1"}',
+        'precision="fp32",version="1",weights="random"}',
         f"batchserve_model_ready{{{one}}} 1.0",
         'batchserve_state{state="ready"} 1.0',
         "batchserve_admitted_bytes 0.0",
@@ -315,6 +315,22 @@ async def test_request_deadline_is_a_504(slow_model: type[Slow]) -> None:
             metric(text, 'batchserve_requests_total{outcome="deadline_exceeded",route="predict"}')
             == 1
         )
+
+
+async def test_a_client_cannot_ask_for_a_longer_deadline_than_the_cap(
+    slow_model: type[Slow],
+) -> None:
+    settings = make_settings(model="tests.models:slow", compile="none", request_timeout_ms=100,
+                             max_request_timeout_ms=150)  # fmt: skip
+    async with serve(settings) as (_, client):
+        slow_model.seconds = 0.5
+        asked = {**JPEG, "x-request-timeout-ms": "60000"}  # a minute: cut to 150 ms
+        response = await client.post("/predict", content=images.jpeg(), headers=asked)
+        assert_error(response, 504, "deadline_exceeded")
+        slow_model.seconds = 0.0
+        await asyncio.sleep(0.5)  # the cut request's forward pass is still running
+        shorter = {**JPEG, "x-request-timeout-ms": "5000"}
+        assert (await client.post("/predict", content=images.jpeg(), headers=shorter)).is_success
 
 
 async def test_api_key() -> None:

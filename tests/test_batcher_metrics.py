@@ -42,7 +42,7 @@ async def test_rejections_drops_batches_and_queue_waits_are_counted_exactly() ->
     )
     batcher: DynamicBatcher[int, object] = DynamicBatcher(run, config, view, clock=clock)
     batcher.start()
-    view.serving(torch.device("cpu"), "fp32", "torch",
+    view.serving(torch.device("cpu"), "fp32", "torch", "random",
                  lambda: batcher.queue_depth, lambda: batcher.inflight_batches)  # fmt: skip
 
     first = [asyncio.ensure_future(batcher.submit(item)) for item in (1, 2)]  # full: goes at t=0

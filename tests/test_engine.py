@@ -19,6 +19,7 @@ from app.engine import (
     InferenceEngine,
     InferenceRequest,
     ModelLoadError,
+    Prediction,
     build_engine,
     load_model,
 )
@@ -27,6 +28,7 @@ from app.engine import precision as precision_module
 from app.engine.compile import optimize, resolve_compile
 from app.engine.device import DeviceError, precision_candidates, resolve_device
 from app.engine.slot import BatchSlot
+from app.settings import Settings
 from preprocessing import ImageFormat, ImageHeader, PreparedImage, TransformConfig, prepare
 from tests import images
 from tests.checks import assert_same_prediction
@@ -146,6 +148,22 @@ def test_auto_without_cache_or_network_falls_back_to_random_loudly(
     assert loaded.weights == "random"
     assert "RANDOM weights" in caplog.text
     assert "network is unreachable" in caplog.text
+
+
+def test_pretrained_without_cache_or_network_stops_instead_of_serving_random_weights(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setenv("TORCH_HOME", str(tmp_path))
+
+    def offline(url: str, *args: object, **kwargs: object) -> None:
+        raise OSError("network is unreachable")
+
+    monkeypatch.setattr(torch.hub, "download_url_to_file", offline)
+    assert Settings(_env_file=None).weights == "pretrained"  # the default
+    with pytest.raises(ModelLoadError, match="not in the torch hub cache") as raised:
+        load_model(SMALL, "pretrained")
+    assert "network is unreachable" in str(raised.value)
+    assert "WEIGHTS=auto serves random weights" in str(raised.value)
 
 
 def test_auto_uses_weights_found_in_the_hub_cache(
@@ -462,3 +480,26 @@ def test_build_engine_sets_the_thread_budget() -> None:
         assert torch.get_num_threads() == 1
     finally:
         torch.set_num_threads(before)
+
+
+def test_dense_answers_come_as_one_array_not_a_dict_per_class() -> None:
+    engine = torch_engine()
+    pictures = [images.jpeg(images.photo(200, 150, seed=seed)) for seed in range(3)]
+    everything = engine.run_batch(
+        [InferenceRequest(engine.prepare(data), engine.num_classes) for data in pictures]
+    )
+    asked = [InferenceRequest(engine.prepare(pictures[0]), 2, dense=True),
+             InferenceRequest(engine.prepare(pictures[1]), 2),
+             InferenceRequest(engine.prepare(pictures[2]), 1, dense=True)]  # fmt: skip
+    answers = engine.run_batch(asked)
+    for request, answer, full in zip(asked, answers, everything, strict=True):
+        assert isinstance(answer, Prediction)
+        assert isinstance(full, Prediction)
+        assert len(answer.classes) == request.top_k  # ranked as asked, never all the classes
+        if not request.dense:
+            assert answer.probabilities is None
+            continue
+        assert answer.probabilities is not None
+        assert answer.probabilities.shape == (engine.num_classes,)
+        for entry in full.classes:
+            assert answer.probabilities[entry["index"]] == pytest.approx(entry["score"], abs=1e-6)

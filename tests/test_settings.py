@@ -51,6 +51,11 @@ def test_dotenv_file_is_read(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) ->
             "IMAGE_SIZE (300) cannot exceed RESIZE_SIZE (256)",
         ),
         ({"BATCHSERVE_LABELS": "/nonexistent/labels.txt"}, "no labels file at"),
+        (
+            {"BATCHSERVE_MAX_REQUEST_TIMEOUT_MS": "1000"},
+            "MAX_REQUEST_TIMEOUT_MS (1000.0) cannot be below REQUEST_TIMEOUT_MS (30000.0)",
+        ),
+        ({"BATCHSERVE_GRPC_PORT": "70000"}, "BATCHSERVE_GRPC_PORT: Input should be less"),
     ],
 )
 def test_invalid_settings_are_explained(

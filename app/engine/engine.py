@@ -9,6 +9,7 @@ import time
 from dataclasses import dataclass, field
 from typing import Any
 
+import numpy as np
 import torch
 from torch.profiler import record_function
 
@@ -30,6 +31,7 @@ logger = logging.getLogger("batchserve")
 class InferenceRequest:
     image: PreparedImage
     top_k: int
+    dense: bool = False  # every class's probability too, as an array (not ``top_k`` dicts)
 
 
 @dataclass(slots=True)
@@ -40,6 +42,7 @@ class Prediction:
     batch_size: int
     started: float  # time.perf_counter() when the batch started executing
     timings: dict[str, float] = field(default_factory=dict)
+    probabilities: np.ndarray[Any, Any] | None = None  # FP32 [classes], when asked ``dense``
 
 
 class InferenceEngine:
@@ -201,7 +204,8 @@ class InferenceEngine:
                 logits = self.backend.forward(slot.inputs[:padded])[:count]
             marks["forward_end"] = streams.mark()
             with record_function("batchserve.postprocess"):
-                scores, indices = torch.softmax(logits.float(), dim=1).topk(kmax, dim=1)
+                probabilities = torch.softmax(logits.float(), dim=1)
+                scores, indices = probabilities.topk(kmax, dim=1)
             marks["postprocessed"] = streams.mark()
             with record_function("batchserve.d2h"):
                 # Contiguous pinned destinations: the copies are queued, the thread goes on.
@@ -211,6 +215,9 @@ class InferenceEngine:
             slot.hold(logits, scores, indices)
         marks["done"].synchronize()  # this batch's event only: other batches keep running
         completed_at = time.perf_counter()
+        # Dense answers as one array, not a dict per class and row (computed, so readable now).
+        dense = (probabilities.cpu().numpy() if any(requests[row].dense for row in rows)
+                 else None)  # fmt: skip
 
         score_rows = scores_out.tolist()
         index_rows = indices_out.tolist()
@@ -224,7 +231,8 @@ class InferenceEngine:
                     index_rows[position][:k], score_rows[position][:k], strict=True
                 )
             ]
-            outcomes[row] = Prediction(classes, count, started, stages)
+            wanted = dense[position] if dense is not None and requests[row].dense else None
+            outcomes[row] = Prediction(classes, count, started, stages, wanted)
         if report:
             self._observer.on_batch(
                 BatchReport(

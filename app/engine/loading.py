@@ -48,15 +48,17 @@ class _Preset:
 
 def load_model(
     name: str,
-    weights: str = "auto",
+    weights: str = "pretrained",
     labels_path: Path | None = None,
     image_size: int | None = None,
     resize_size: int | None = None,
 ) -> LoadedModel:
     """Load ``name`` (a torchvision classification model, or ``package.module:factory``).
 
-    ``weights``: ``auto`` (pretrained when cached or downloadable, else random with a warning),
-    ``none``, a torchvision weights name such as ``IMAGENET1K_V2``, or a checkpoint path.
+    ``weights``: ``pretrained`` (the model's default pretrained weights, from the torch hub
+    cache or downloaded, else ``ModelLoadError``), ``auto`` (the same, else random weights with
+    a warning), ``none`` (random), a torchvision weights name such as ``IMAGENET1K_V2``, or a
+    checkpoint path.
     """
     labels = read_labels(labels_path) if labels_path is not None else None
     if ":" in name:
@@ -115,12 +117,17 @@ def _load_torchvision(
                 "!" * 78,
             )
             return _random(name, num_classes), RANDOM, preset
-    if choice in enum.__members__ or choice.upper() == "DEFAULT":
-        chosen = default if choice.upper() == "DEFAULT" else enum[choice]
+    if choice in enum.__members__ or choice.upper() in ("DEFAULT", "PRETRAINED"):
+        chosen = default if choice.upper() in ("DEFAULT", "PRETRAINED") else enum[choice]
         try:
             return get_model(name, weights=chosen), _weights_name(chosen), _preset(chosen)
         except Exception as exc:
-            raise ModelLoadError(f"cannot load {_weights_name(chosen)}: {exc}") from exc
+            raise ModelLoadError(
+                f"cannot load {_weights_name(chosen)}: it is not in the torch hub cache "
+                f"({_cache_path(chosen)}) and could not be downloaded ({exc}); pre-fill the "
+                "cache, or set WEIGHTS to a checkpoint (WEIGHTS=auto serves random weights "
+                "instead, WEIGHTS=none on purpose)"
+            ) from exc
     return _load_checkpoint(name, Path(choice), num_classes), choice, preset
 
 
@@ -243,7 +250,7 @@ def _load_factory(spec: str, weights: str) -> tuple[nn.Module, str, _Preset]:
     if not isinstance(module, nn.Module):
         raise ModelLoadError(f"{spec} returned {type(module).__name__}, not a torch.nn.Module")
     choice = weights.strip()
-    if choice.lower() in ("auto", "none"):
+    if choice.lower() in ("auto", "none", "pretrained"):  # the factory's own weights
         return (
             module,
             RANDOM if choice.lower() == "none" else "factory",

@@ -35,6 +35,7 @@ from app.protocol.model_io import (
     requested_output,
     schedule_parameter,
     top_k_for,
+    wants_dense,
 )
 from app.protocol.tensors import (
     MAX_DIMENSIONS,
@@ -139,7 +140,7 @@ class InferenceService(service_pb2_grpc.GRPCInferenceServiceServicer):  # type: 
             outputs = _outputs(request, engine.num_classes)
             images = await predictor.prepare(admitted, inputs)
             predictions = await predictor.predict(
-                admitted, images, top_k_for(outputs, engine.num_classes), deadline, level
+                admitted, images, top_k_for(outputs), deadline, level, dense=wants_dense(outputs)
             )
         finally:
             admitted.close()

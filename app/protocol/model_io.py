@@ -90,15 +90,23 @@ def schedule_parameter(name: str, value: Any) -> int | None:
     return value or None
 
 
-def top_k_for(outputs: list[RequestedOutput], classes: int) -> int:
-    """How many classes the engine must rank for these outputs."""
-    return max((output.classification or classes) for output in outputs)
+def top_k_for(outputs: list[RequestedOutput]) -> int:
+    """How many classes the engine must rank for these outputs' classification."""
+    return max((output.classification or 1) for output in outputs)
+
+
+def wants_dense(outputs: list[RequestedOutput]) -> bool:
+    """Whether an output asks for every class's probability."""
+    return any(output.classification is None for output in outputs)
 
 
 def dense(predictions: list[Prediction], classes: int) -> np.ndarray[Any, Any]:
-    """FP32 ``[N, classes]`` from each prediction's ranked classes."""
+    """FP32 ``[N, classes]``: each prediction's probabilities (or its ranked classes)."""
     values = np.zeros((len(predictions), classes), dtype=np.float32)
     for row, prediction in enumerate(predictions):
+        if prediction.probabilities is not None:
+            values[row] = prediction.probabilities
+            continue
         for entry in prediction.classes:
             values[row, entry["index"]] = entry["score"]
     return values

@@ -118,13 +118,17 @@ class Predictor:
 
     def deadline(self, admitted: Admitted, timeout_s: float | None, arrived: float) -> float:
         """The batcher deadline of a request that arrived at ``arrived`` (perf_counter) with
-        ``timeout_s`` (None: ``REQUEST_TIMEOUT_MS`` of its model)."""
+        ``timeout_s`` (None: ``REQUEST_TIMEOUT_MS`` of its model; at most
+        ``MAX_REQUEST_TIMEOUT_MS``)."""
         if timeout_s is not None and (not math.isfinite(timeout_s) or timeout_s <= 0):
             raise InvalidParameterError("the timeout must be a positive number")
         batcher = admitted.version.batcher
         assert batcher is not None
         waited = time.perf_counter() - arrived
-        return batcher.now() + (timeout_s or admitted.version.settings.request_timeout_s) - waited
+        settings = admitted.version.settings
+        # A client may shorten its deadline at will, but lengthen it only up to the cap.
+        allowed = min(timeout_s or settings.request_timeout_s, settings.max_request_timeout_s)
+        return batcher.now() + allowed - waited
 
     def top_k(self, admitted: Admitted, requested: int | None) -> int:
         """How many classes to return: ``requested`` (None: the model's ``TOP_K``), at most
@@ -189,11 +193,14 @@ class Predictor:
         deadline: float,
         level: int,
         cancelled: Callable[[], Awaitable[Any]] | None = None,
+        *,
+        dense: bool = False,
     ) -> list[Prediction]:
         """Each image as its own batcher item (they may share batches with other clients'
         items); the results in order, or the first error, or ``Cancelled`` when what
         ``cancelled()`` returns completes first (the caller went away). The other items are
-        withdrawn as soon as one fails or the caller goes away."""
+        withdrawn as soon as one fails or the caller goes away. Each prediction ranks
+        ``top_k`` classes, and with ``dense`` carries every class's probability too."""
         batcher = admitted.version.batcher
         assert batcher is not None
         # The ticket hands its bytes to the batcher in one step (nothing is awaited in
@@ -203,7 +210,7 @@ class Predictor:
         try:
             for image in images:
                 cost = len(image.data) if image.data is not None else 0  # kept for the device
-                futures.append(batcher.enqueue(InferenceRequest(image, top_k), deadline,
+                futures.append(batcher.enqueue(InferenceRequest(image, top_k, dense), deadline,
                                                cost=cost, priority=level))  # fmt: skip
             return await _gather_or_cancel(futures, cancelled)
         finally:

@@ -85,7 +85,7 @@ class ModelVersion:
         )
         self.batcher.start()
         self.metrics.serving(
-            engine.device, engine.precision, engine.backend.name,
+            engine.device, engine.precision, engine.backend.name, engine.weights,
             lambda: self.batcher.queue_depth if self.batcher else 0,
             lambda: self.batcher.inflight_batches if self.batcher else 0,
         )  # fmt: skip

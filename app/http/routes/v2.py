@@ -41,6 +41,7 @@ from app.protocol.model_io import (
     requested_output,
     schedule_parameter,
     top_k_for,
+    wants_dense,
 )
 from app.protocol.tensors import (
     InferenceRequestBody,
@@ -149,10 +150,10 @@ async def _infer(server: ServerState, request: Request, name: str, version: str 
         del binary
         outputs = _requested_outputs(document, admitted.engine)
         images = await predictor.prepare(admitted, inputs)
-        k = top_k_for(outputs, admitted.engine.num_classes)
         predictions = await predictor.predict(
-            admitted, images, k, deadline, level, lambda: disconnected(request.receive)
-        )
+            admitted, images, top_k_for(outputs), deadline, level,
+            lambda: disconnected(request.receive), dense=wants_dense(outputs),
+        )  # fmt: skip
         engine = admitted.engine
     finally:
         admitted.close()
