@@ -1,7 +1,8 @@
 # syntax=docker/dockerfile:1
 # One Dockerfile, two images:
 #   docker build -t batchserve:cpu .
-#   docker build -t batchserve:cuda --build-arg TORCH_INDEX=https://download.pytorch.org/whl/cu130 .
+#   docker build -t batchserve:cuda --build-arg TORCH_INDEX=https://download.pytorch.org/whl/cu130 \
+#       --build-arg ONNXRUNTIME=onnxruntime-gpu .
 # The CUDA build of torch brings its CUDA libraries as wheels: the host needs only the NVIDIA
 # driver and container runtime. Both run as a non-root user, and only write to /tmp and the
 # artefact cache, so they run with a read-only root filesystem (see deploy/kubernetes).
@@ -11,6 +12,9 @@ ARG TORCH_INDEX=https://download.pytorch.org/whl/cpu
 # The inference runtimes (BACKEND=onnxruntime, openvino) are included; drop them for a smaller
 # torch-only image with --build-arg EXTRAS=.
 ARG EXTRAS=onnx,openvino
+# The ONNX Runtime package: onnxruntime (CPU only) or, for the CUDA image, onnxruntime-gpu (its
+# CUDA and TensorRT providers). Both install the same module, so one replaces the other.
+ARG ONNXRUNTIME=onnxruntime
 
 ENV PYTHONDONTWRITEBYTECODE=1 \
     PYTHONUNBUFFERED=1 \
@@ -24,6 +28,10 @@ COPY pyproject.toml README.md ./
 RUN mkdir -p app batching preprocessing \
     && touch app/__init__.py batching/__init__.py preprocessing/__init__.py \
     && pip install --extra-index-url "$TORCH_INDEX" ".${EXTRAS:+[$EXTRAS]}" \
+    && if [ "$ONNXRUNTIME" != onnxruntime ] && pip show onnxruntime >/dev/null 2>&1; then \
+           version="$(pip show onnxruntime | sed -n 's/^Version: //p')" \
+           && pip uninstall -y onnxruntime && pip install "$ONNXRUNTIME==$version"; \
+       fi \
     && pip uninstall -y batchserve
 
 COPY app ./app

@@ -243,3 +243,16 @@ def test_supervisord_workers_neither_crash_loop_nor_share_ports() -> None:
     ports = [base + index for base in bases for index in range(most)]
     assert len(set(ports)) == len(ports)
     assert max(ports) < 65536
+
+
+def test_the_cuda_image_gets_onnxruntimes_gpu_build() -> None:
+    """The CUDA image must swap onnxruntime (CPU only) for onnxruntime-gpu, and both the
+    Dockerfile's and the README's build commands must say so."""
+    dockerfile = (ROOT / "Dockerfile").read_text()
+    assert "ARG ONNXRUNTIME=onnxruntime\n" in dockerfile
+    assert 'pip install "$ONNXRUNTIME==$version"' in dockerfile
+    texts = [text.replace("\\\n", "") for text in (dockerfile, (ROOT / "README.md").read_text())]
+    cuda = r"docker build -t batchserve:cuda[^\n]*"
+    cuda_builds = [command for text in texts for command in re.findall(cuda, text)]
+    assert len(cuda_builds) == 2
+    assert all("ONNXRUNTIME=onnxruntime-gpu" in command for command in cuda_builds)

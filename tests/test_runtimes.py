@@ -134,6 +134,32 @@ def test_unsupported_precisions_are_refused(tmp_path: Path) -> None:
         make_settings(precision="int8")
 
 
+def test_onnxruntime_on_cuda_runs_the_precision_it_reports(tmp_path: Path) -> None:
+    """fp32 never runs TensorRT in fp16; fp16 runs on TensorRT or not at all (the CUDA provider
+    would run the fp32 export while the server reported fp16)."""
+    pytest.importorskip("onnxruntime")
+    from app.engine.backends.onnx_runtime import OnnxRuntimeBackend, providers
+
+    cuda = torch.device("cuda")
+    path = tmp_path / "model.onnx"
+    fp32 = providers(cuda, path, "fp32")
+    assert [p[0] if isinstance(p, tuple) else p for p in fp32] == [
+        "TensorrtExecutionProvider", "CUDAExecutionProvider", "CPUExecutionProvider",
+    ]  # fmt: skip
+    assert fp32[0][1]["trt_fp16_enable"] == "False"
+    fp16 = providers(cuda, path, "fp16")
+    assert [p[0] if isinstance(p, tuple) else p for p in fp16] == [
+        "TensorrtExecutionProvider", "CPUExecutionProvider",
+    ]  # fmt: skip
+    assert fp16[0][1]["trt_fp16_enable"] == "True"
+    assert fp16[0][1]["trt_engine_cache_path"] != fp32[0][1]["trt_engine_cache_path"]
+    # Here (no TensorRT) ONNX Runtime falls back to the CPU: fp16 must be refused, not faked.
+    export_onnx(ColorClassifier(), (3, 224, 224), path)
+    refused = pytest.raises(StartupError, match="PRECISION=fp16 with BACKEND=onnxruntime runs on")
+    with pytest.warns(UserWarning, match="not in available provider names"), refused:
+        OnnxRuntimeBackend(path, cuda, precision="fp16", threads=1, classes=12)
+
+
 # -- INT8 ----------------------------------------------------------------------------------
 
 
@@ -183,13 +209,20 @@ def test_int8_is_refused_without_a_passing_gate_and_served_with_one(
 @pytest.mark.cuda
 @pytest.mark.parametrize("precision", ["fp32", "fp16"])
 def test_onnxruntime_on_cuda_agrees_with_eager_pytorch(tmp_path: Path, precision: str) -> None:
+    import onnxruntime
+
     settings = runtime_settings(tmp_path, "onnxruntime", device="cuda", precision=precision)
+    has_tensorrt = "TensorrtExecutionProvider" in onnxruntime.get_available_providers()
+    if precision == "fp16" and not has_tensorrt:  # refused rather than run in fp32
+        with pytest.raises(StartupError, match="runs on its TensorRT provider"):
+            build_engine(settings, settings.batch_config("cuda"))
+        return
     engine = build_engine(settings, settings.batch_config("cuda"))
     assert engine.check is not None
     assert engine.check["passed"]
-    assert engine.backend.describe()["providers"][0] in (
-        "TensorrtExecutionProvider", "CUDAExecutionProvider",
-    )  # fmt: skip
+    expected = ("TensorrtExecutionProvider",) if precision == "fp16" else (
+        "TensorrtExecutionProvider", "CUDAExecutionProvider")  # fmt: skip
+    assert engine.backend.describe()["providers"][0] in expected
 
 
 def run_tool(

@@ -6,7 +6,10 @@ thread budget (one inter-op thread: the engine runs one batch at a time), and no
 a CPU the slot's input batch goes in as a NumPy view of its memory and the logits come back as
 one (I/O binding measured no faster there), on CUDA I/O binding reads the slot's device batch
 and writes the logits into a device tensor of ours. On CUDA the TensorRT and CUDA execution
-providers come first (TensorRT with fp16 and an engine cache beside the artefact).
+providers come first, TensorRT with an engine cache beside the artefact, in the precision asked
+for: fp32 TensorRT then the CUDA provider for ``fp32``; fp16 TensorRT alone for ``fp16``, which
+is refused at start when TensorRT is not what runs (the CUDA provider would run the fp32 export
+while the server said fp16).
 """
 
 from __future__ import annotations
@@ -18,7 +21,7 @@ import numpy as np
 import torch
 
 from app.engine.backends.base import Backend
-from app.engine.errors import MissingExtraError
+from app.engine.errors import MissingExtraError, StartupError
 from app.engine.export import INPUT_NAME, OUTPUT_NAME
 
 
@@ -59,8 +62,16 @@ class OnnxRuntimeBackend(Backend):
         # the event loop want those cores between batches (served resnet50 here: 34.0 images/s
         # without spinning, 33.4 with, two rounds each).
         options.add_session_config_entry("session.intra_op.allow_spinning", "0")
-        self.providers = _providers(device, path)
+        self.providers = providers(device, path, precision)
         self.session = ort.InferenceSession(str(path), options, providers=self.providers)
+        running = self.session.get_providers()
+        if precision == "fp16" and running[:1] != ["TensorrtExecutionProvider"]:
+            raise StartupError(
+                "PRECISION=fp16 with BACKEND=onnxruntime runs on its TensorRT provider, which "
+                f"is not available here (running: {', '.join(running)}): install "
+                "onnxruntime-gpu with TensorRT, or serve PRECISION=fp32 (or BACKEND=torch for "
+                "fp16)"
+            )
         self._device_type = "cuda" if device.type == "cuda" else "cpu"
         self._device_id = device.index or 0
 
@@ -92,12 +103,18 @@ class OnnxRuntimeBackend(Backend):
                 "providers": self.session.get_providers()}  # fmt: skip
 
 
-def _providers(device: torch.device, path: Path) -> list[Any]:
+def providers(device: torch.device, path: Path, precision: str) -> list[Any]:
+    """The execution providers, in order, that run ``precision`` and nothing else."""
     if device.type != "cuda":
         return ["CPUExecutionProvider"]
     shared = {"device_id": str(device.index or 0)}
-    tensorrt = {**shared, "trt_fp16_enable": "True", "trt_engine_cache_enable": "True",
-                "trt_engine_cache_path": str(path.parent / "tensorrt-cache")}  # fmt: skip
+    fp16 = precision == "fp16"
+    # TensorRT builds fp16 engines only when told to; each precision has a cache of its own.
+    cache = path.parent / f"tensorrt-cache-{precision}"
+    tensorrt = {**shared, "trt_fp16_enable": str(fp16), "trt_engine_cache_enable": "True",
+                "trt_engine_cache_path": str(cache)}  # fmt: skip
+    if fp16:  # the CUDA provider has no fp16 here: it would run the fp32 export
+        return [("TensorrtExecutionProvider", tensorrt), "CPUExecutionProvider"]
     return [
         ("TensorrtExecutionProvider", tensorrt),
         ("CUDAExecutionProvider", shared),
