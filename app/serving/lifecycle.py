@@ -39,6 +39,8 @@ class Lifecycle:
     - ready (``/readyz`` 200, new work accepted) only in ``ready``;
     - live (``/healthz`` 200) in every phase but ``failed``: a failed server cannot recover on
       its own, so the orchestrator's liveness probe must see it and restart the process.
+      (``starting`` is seen by in-process callers only: uvicorn listens once the lifespan's
+      start-up is over, so probes get refused connections until then.)
 
     Moves that make no sense (back to ``ready`` after draining, anything after ``stopped`` or
     ``failed``) are ignored, so that racing callers (SIGTERM, lifespan shutdown, a crashing
