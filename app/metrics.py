@@ -296,7 +296,7 @@ class VersionMetrics(BatchObserver, EngineObserver):
             _remove(metrics.stage, (stage, *labels))
         for result in ("ok", "error"):
             _remove(metrics.batches, (result, *labels))
-        for reason in ("cancelled", "deadline_exceeded"):
+        for reason in ("cancelled", "deadline_exceeded", "displaced"):
             _remove(metrics.dropped, (reason, *labels))
         if self._device:
             _remove(metrics.device_busy, (self._device, *labels))

@@ -267,7 +267,7 @@ class DynamicBatcher(Generic[T, R]):
         if not self.accepting:
             self._observer.on_reject("closed")
             raise BatcherClosedError(self._closed_reason())
-        if self._waiting >= self.config.max_queue_size:
+        if self._waiting >= self.config.max_queue_size and not self.displace_below(level):
             self._observer.on_reject("overloaded")
             raise QueueFullError(self.config.max_queue_size, self.retry_after_s())
         now = self._clock.now()
@@ -286,6 +286,25 @@ class DynamicBatcher(Generic[T, R]):
         if self._waiting >= self._wake_count:
             self._wake.set()
         return future
+
+    def displace_below(self, level: int) -> bool:
+        """Make room for a request of priority ``level``: the newest waiting request of the
+        lowest priority below it leaves the queue with ``QueueFullError`` (its client may
+        retry, as when it is refused at once). False when none waits below ``level``."""
+        for lower in range(self.config.priority_levels - 1, level, -1):
+            queue = self._queues[lower]
+            for index in range(len(queue) - 1, -1, -1):
+                victim = queue[index]
+                if not victim.queued:
+                    continue  # cancelled, removed lazily
+                del queue[index]
+                self._dequeue(victim)
+                self._observer.on_drop("displaced", self._clock.now() - victim.arrival)
+                victim.future.set_exception(
+                    QueueFullError(self.config.max_queue_size, self.retry_after_s())
+                )
+                return True
+        return False
 
     def _withdraw(self, request: _Request[T, R]) -> None:
         """A request's future is done: if it is still queued, it was cancelled there. Either

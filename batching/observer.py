@@ -5,7 +5,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import Literal
 
-DropReason = Literal["cancelled", "deadline_exceeded"]
+DropReason = Literal["cancelled", "deadline_exceeded", "displaced"]
 RejectReason = Literal["overloaded", "closed"]
 
 
@@ -19,7 +19,8 @@ class BatchObserver:
         """``submit`` refused a request at once (queue full, or draining/closed)."""
 
     def on_drop(self, reason: DropReason, queue_wait_s: float) -> None:
-        """A request left the queue without being dispatched."""
+        """A request left the queue without being dispatched (``displaced``: a request of a
+        higher priority took its place in a full queue)."""
 
     def on_dispatch(self, batch_size: int, queue_waits_s: Sequence[float]) -> None:
         """A batch was handed to ``run_batch``; one queue wait per request."""

@@ -4,7 +4,9 @@ saturated by low-priority ones?
 A real server (fresh per round) is offered ``--overload`` times its measured capacity, open
 loop (Poisson arrivals, latency from the scheduled send time): ``--high-share`` of the
 requests with ``X-Priority: 1``, the rest with ``X-Priority: 3``. The report gives p50/p99 of
-each class and the low/high p99 ratio, medians over rounds.
+each class and the low/high p99 ratio, medians over rounds. With ``--max-queue-size`` the queue
+fills: then a high-priority request takes the place of the newest low-priority one, and the
+report gives each class's share of 503 answers and the latency of its 200 answers.
 
 Usage: ``python -m benchmarks.priorities --model resnet18 --rounds 2``
 """
@@ -40,7 +42,9 @@ async def both(url: str, images: list[bytes], rate: float, share: float,
 
 def run(args: argparse.Namespace) -> dict[str, Any]:
     images = corpus(args.images, 64)
-    env = server_env(args.model, args.precision, args.batch_size)
+    extra = {} if args.max_queue_size is None else {
+        "BATCHSERVE_MAX_QUEUE_SIZE": str(args.max_queue_size)}  # fmt: skip
+    env = server_env(args.model, args.precision, args.batch_size, **extra)
     rounds = []
     for round_index in range(args.rounds):
         with UvicornProcess(env) as server:
@@ -51,40 +55,50 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
             result = asyncio.run(both(server.url, images, offered, args.high_share, args))
         row = {"capacity": capacity, "offered": offered}
         for name, report in result.items():
+            ok = report["latency_ms_by_status"].get(200) or report["latency_ms_by_status"].get(
+                "200", {"p50": float("nan"), "p99": float("nan")}
+            )
+            refused = report["errors"].get("503", 0) / max(1, report["completed"])
             row[name] = {"throughput": report["throughput"], **report["latency_ms"],
-                         "errors": report["errors"]}  # fmt: skip
+                         "errors": report["errors"], "refused": refused,
+                         "ok_p50": ok["p50"], "ok_p99": ok["p99"]}  # fmt: skip
             print(f"  {name}: {report['throughput']:.1f}/s, p50 "
                   f"{report['latency_ms']['p50']:.0f} ms, p99 {report['latency_ms']['p99']:.0f} "
                   f"ms", flush=True)  # fmt: skip
         rounds.append(row)
     summary: dict[str, Any] = {
         name: {key: median([row[name][key] for row in rounds])
-               for key in ("throughput", "p50", "p99")}
+               for key in ("throughput", "p50", "p99", "refused", "ok_p50", "ok_p99")}
         for name in ("high", "low")
     }  # fmt: skip
     summary["low_over_high_p99"] = summary["low"]["p99"] / summary["high"]["p99"]
     return {"machine": machine(), "model": args.model, "precision": args.precision,
             "batch_size": args.batch_size, "overload": args.overload,
             "high_share": args.high_share, "duration_s": args.duration, "rounds": rounds,
+            "max_queue_size": args.max_queue_size,
             "capacity": median([row["capacity"] for row in rounds]),
             "summary": summary}  # fmt: skip
 
 
 def markdown(data: dict[str, Any]) -> str:
     summary = data["summary"]
-    rows = [[name, summary[name]["throughput"], summary[name]["p50"], summary[name]["p99"]]
+    rows = [[name, summary[name]["throughput"], f"{summary[name]['refused']:.1%}",
+             summary[name]["ok_p50"], summary[name]["ok_p99"]]
             for name in ("high", "low")]  # fmt: skip
+    queue = data.get("max_queue_size")
+    queue_line = (f"`MAX_QUEUE_SIZE={queue}`: the queue fills, and a high-priority request takes "
+                  "the place of the newest low-priority one." if queue else "")  # fmt: skip
     return f"""# Priorities under overload: {data["model"]} {data["precision"]}
 
 `python -m benchmarks.priorities`: a server of measured capacity {data["capacity"]:.1f}
 images/s offered {data["overload"]:g}x that, open loop, for {data["duration_s"]} s;
 {data["high_share"]:.0%} of the requests with `X-Priority: 1` (high), the rest with
 `X-Priority: 3` (low); medians of {len(data["rounds"])} rounds with a fresh server. Latency
-from each request's scheduled send time.
+from each request's scheduled send time. {queue_line}
 
-{table(["class", "served/s", "p50 ms", "p99 ms"], rows)}
+{table(["class", "served/s", "answered 503", "p50 ms (200s)", "p99 ms (200s)"], rows)}
 
-Low-priority p99 / high-priority p99: **{summary["low_over_high_p99"]:.1f}x**.
+Low-priority p99 / high-priority p99 (every answer): **{summary["low_over_high_p99"]:.1f}x**.
 
 ## Machine
 
@@ -102,6 +116,7 @@ def main() -> None:
     parser.add_argument("--duration", type=float, default=20.0)
     parser.add_argument("--warmup", type=float, default=2.0)
     parser.add_argument("--rounds", type=int, default=2)
+    parser.add_argument("--max-queue-size", type=int, help="MAX_QUEUE_SIZE (default: 1024)")
     parser.add_argument("--images", type=Path)
     parser.add_argument("--name", help="results/<name>.* (default: priorities-<model>)")
     args = parser.parse_args()

@@ -5,7 +5,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import re
-from collections.abc import Iterator
+from collections.abc import Awaitable, Callable, Iterator
 
 import httpx
 import pytest
@@ -300,6 +300,48 @@ async def test_full_queue_answers_503_with_retry_after(slow_model: type[Slow]) -
                 assert int(response.headers["retry-after"]) >= 1
         text = (await client.get("/metrics")).text
         assert metric(text, 'batchserve_requests_total{outcome="overloaded",route="predict"}') >= 1
+
+
+async def test_a_full_server_makes_room_for_a_higher_priority(slow_model: type[Slow]) -> None:
+    settings = make_settings(model="tests.models:slow", max_batch_size=1, max_inflight_batches=1,
+                             max_queue_size=2, compile="none")  # fmt: skip
+    async with serve(settings) as (_, client):
+        slow_model.seconds = 0.3
+
+        def post(priority: int) -> asyncio.Future[httpx.Response]:
+            headers = {**JPEG, "x-priority": str(priority)}
+            return asyncio.ensure_future(
+                client.post("/predict", content=images.jpeg(), headers=headers)
+            )
+
+        async def scrape(name: str) -> float:
+            return metric((await client.get("/metrics")).text, name)
+
+        running = post(2)
+        await until_async(lambda: scrape("batchserve_inflight_batches"), 1)
+        older = post(3)
+        await until_async(lambda: scrape("batchserve_queue_depth"), 1)
+        newer = post(3)
+        await until_async(lambda: scrape("batchserve_queue_depth"), 2)
+        urgent = post(1)  # admission is full: the newest priority-3 request makes room
+        displaced = await newer
+        assert_error(displaced, 503, "overloaded")
+        assert int(displaced.headers["retry-after"]) >= 1
+        assert (await urgent).status_code == 200
+        assert not older.done()  # the urgent one went first
+        assert (await older).status_code == 200
+        assert (await running).status_code == 200
+        slow_model.seconds = 0.0
+        assert await scrape('batchserve_dropped_requests_total{reason="displaced"}') == 1
+
+
+async def until_async(
+    read: Callable[[], Awaitable[float]], expected: float, limit_s: float = 10.0
+) -> None:
+    deadline = asyncio.get_running_loop().time() + limit_s
+    while await read() != expected:
+        assert asyncio.get_running_loop().time() < deadline, "not reached in time"
+        await asyncio.sleep(0.02)
 
 
 async def test_request_deadline_is_a_504(slow_model: type[Slow]) -> None:

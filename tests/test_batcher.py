@@ -413,6 +413,32 @@ async def test_batches_are_filled_from_the_highest_priority_down() -> None:
     await batcher.aclose()
 
 
+async def test_a_full_queue_makes_room_for_a_higher_priority() -> None:
+    run = GatedRun()
+    batcher, recorder = make(
+        run, ManualClock(), max_batch_size=1, max_inflight_batches=1, max_queue_size=2,
+        priority_levels=3, default_priority=1, dispatch_when_idle=True,
+    )  # fmt: skip
+    running = asyncio.ensure_future(batcher.submit(0))
+    await run.wait_started(1)
+    older, newer = (asyncio.ensure_future(batcher.submit(item, priority=2)) for item in (1, 2))
+    await settle()
+    assert batcher.queue_depth == 2  # full
+    high = asyncio.ensure_future(batcher.submit(3, priority=0))
+    await settle()
+    with pytest.raises(QueueFullError):  # the newest of the lowest level made room
+        await newer
+    assert batcher.queue_depth == 2
+    assert [reason for reason, _ in recorder.drops] == ["displaced"]
+    # Nothing waits below the same level: an equal priority is refused, as before.
+    with pytest.raises(QueueFullError):
+        await batcher.submit(4, priority=2)
+    run.release()
+    assert [await running, await high, await older] == [0, 30, 10]
+    assert run.batches == [[0], [3], [1]]
+    await batcher.aclose()
+
+
 def test_priority_config_is_validated() -> None:
     with pytest.raises(ValueError, match="priority_levels"):
         BatchConfig(priority_levels=0)

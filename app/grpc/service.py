@@ -126,19 +126,19 @@ class InferenceService(service_pb2_grpc.GRPCInferenceServiceServicer):  # type: 
         self, request: Any, context: Any, arrived: float, scope: dict[str, str]
     ) -> Any:
         predictor = self.server.require_ready()
-        admitted = predictor.admit(request.model_name, request.model_version or None)
+        timeout, priority = _schedule(request, context)
+        admitted = predictor.admit(request.model_name, request.model_version or None, 0, priority)
         scope["model"] = admitted.version.model
         try:
             # gRPC has read the whole message already (within its size limit): count it now.
             predictor.reserve(admitted, request.ByteSize())
-            timeout, priority = _schedule(request, context)
             deadline = predictor.deadline(admitted, timeout, arrived)
             level = predictor.priority_level(admitted, priority)
             engine = admitted.engine
             inputs = one_input(_tensors(request))
             _check_sizes(inputs, self.server.settings.max_image_bytes)
             outputs = _outputs(request, engine.num_classes)
-            images = await predictor.prepare(admitted, inputs)
+            images = await predictor.prepare(admitted, inputs, level)
             predictions = await predictor.predict(
                 admitted, images, top_k_for(outputs), deadline, level, dense=wants_dense(outputs)
             )

@@ -54,13 +54,17 @@ def mark_model(scope: MutableMapping[str, Any], model: str) -> None:
 
 
 def admit(
-    request: Request, predictor: Predictor, model: str | None, version: str | int | None
+    request: Request,
+    predictor: Predictor,
+    model: str | None,
+    version: str | int | None,
+    priority: int | None = None,
 ) -> Admitted:
     """The version that will answer and an admission ticket for this request, or 503
     ``overloaded`` (404, 503 ``not_ready``) before reading anything. A body declared larger
     than ``MAX_IMAGE_BYTES`` is admitted for that much only: it is refused with 413 as soon as
     it is read, since it would never fit however long it waited."""
-    admitted = predictor.admit(model, version, declared_length(request))
+    admitted = predictor.admit(model, version, declared_length(request), priority)
     mark_model(request.scope, admitted.version.model)
     return admitted
 

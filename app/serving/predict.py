@@ -25,6 +25,7 @@ from app.engine import InferenceEngine, InferenceRequest, Prediction
 from app.errors import InvalidInputError, InvalidParameterError, OverloadedError
 from app.metrics import Metrics
 from app.serving.admission import Admission, Ticket
+from app.serving.decoding import PriorityPool
 from app.serving.registry import Registry
 from app.serving.version import ModelVersion
 from app.settings import Settings
@@ -86,27 +87,51 @@ class Predictor:
         self.admission = admission
         self.metrics = metrics
         self.decode_pool = decode_pool
+        self.decoding = PriorityPool(decode_pool, settings.decode_threads)
 
     def admit(
-        self, model: str | None, version: str | int | None, declared_bytes: int = 0
+        self,
+        model: str | None,
+        version: str | int | None,
+        declared_bytes: int = 0,
+        priority: int | None = None,
     ) -> Admitted:
         """Find the version and admit one request of ``declared_bytes`` for it (at most
         ``MAX_IMAGE_BYTES``: a larger body is refused once read), or raise a typed error
-        (not found, not ready, overloaded) before anything is read."""
+        (not found, not ready, overloaded) before anything is read. When admission is full, a
+        request whose ``priority`` is known displaces the newest waiting request of a lower
+        priority of the same model, which is answered ``overloaded`` in its place."""
         serving = self.registry.resolve(model, version)
         if not serving.ready:
             from app.errors import NotReadyError
 
             raise NotReadyError(f"{serving.name} is {serving.reason}",
                                 headers={"Retry-After": "1"})  # fmt: skip
+        declared = min(declared_bytes, self.settings.max_image_bytes)
         try:
-            ticket = self.admission.admit(
-                serving.model, min(declared_bytes, self.settings.max_image_bytes)
-            )
+            ticket = self.admission.admit(serving.model, declared)
         except OverloadedError:
-            self.metrics.on_reject("overloaded", serving.model)
-            raise
+            if not self._displace(serving, priority):
+                self.metrics.on_reject("overloaded", serving.model)
+                raise
+            try:
+                ticket = self.admission.admit(serving.model, declared)
+            except OverloadedError:
+                self.metrics.on_reject("overloaded", serving.model)
+                raise
         return Admitted(serving, ticket)
+
+    def _displace(self, serving: ModelVersion, priority: int | None) -> bool:
+        """Make room for a request of ``priority`` in ``serving``'s model (any version)."""
+        settings = serving.settings
+        if priority is None or not 0 <= priority <= settings.priority_levels:
+            return False
+        level = (priority or settings.default_priority) - 1
+        versions = self.registry.models.get(serving.model, {}).values()
+        return any(
+            version.batcher is not None and version.batcher.displace_below(level)
+            for version in versions
+        )
 
     def reserve(self, admitted: Admitted, total_bytes: int) -> None:
         """Count ``total_bytes`` of the body read so far against the ticket."""
@@ -149,19 +174,21 @@ class Predictor:
             )
         return (priority or settings.default_priority) - 1
 
-    async def prepare(self, admitted: Admitted, inputs: Inputs) -> list[PreparedImage]:
+    async def prepare(
+        self, admitted: Admitted, inputs: Inputs, level: int | None = None
+    ) -> list[PreparedImage]:
         """Check the inputs against the model and decode (on the CPU: decode, resize, crop)
-        in the decode threads."""
+        in the decode threads, the most urgent ``level`` first (None: the default)."""
         engine = admitted.engine
         limit = self.settings.max_queue_size
         if not 1 <= len(inputs) <= limit:
             raise InvalidInputError(f"a request carries 1 to {limit} images, not {len(inputs)}")
-        loop = asyncio.get_running_loop()
+        if level is None:
+            level = admitted.version.settings.default_priority - 1
         stage = admitted.version.metrics.observe_stage
         if inputs.kind == "encoded":
             images = await asyncio.gather(*(
-                loop.run_in_executor(self.decode_pool, engine.prepare, data)
-                for data in inputs.items
+                self.decoding.run(level, engine.prepare, data) for data in inputs.items
             ))  # fmt: skip
             for image in images:
                 if image.pixels is not None:  # decoded here; a device decode is timed per batch
@@ -176,7 +203,7 @@ class Predictor:
             def resize() -> list[PreparedImage]:
                 return [prepare_pixels(image, engine.transform, engine.limits) for image in pixels]
 
-            return await loop.run_in_executor(self.decode_pool, resize)
+            return await self.decoding.run(level, resize)
         crop = engine.transform.crop_size
         if tuple(array.shape[1:]) != (3, crop, crop):
             raise InvalidInputError(f"a tensor must have shape [N, 3, {crop}, {crop}]")

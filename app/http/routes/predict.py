@@ -91,7 +91,7 @@ async def _predict(
     arrived = request_start_of(request.scope)
     timeout, priority = _timeout(request), _priority(request)
     parse_started = time.perf_counter()
-    admitted = admit(request, predictor, model, version)
+    admitted = admit(request, predictor, model, version, priority)
     try:
         serving = admitted.version
         stage = serving.metrics.observe_stage
@@ -104,7 +104,7 @@ async def _predict(
         )
         parsed = time.perf_counter()
         stage("parse", parsed - parse_started)
-        (image,) = await predictor.prepare(admitted, Inputs("encoded", [data]))
+        (image,) = await predictor.prepare(admitted, Inputs("encoded", [data]), level)
         del data
         submitted = time.perf_counter()
         (prediction,) = await predictor.predict(

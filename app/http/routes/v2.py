@@ -149,7 +149,7 @@ async def _infer(server: ServerState, request: Request, name: str, version: str 
         inputs = one_input(read_inputs(document, binary))
         del binary
         outputs = _requested_outputs(document, admitted.engine)
-        images = await predictor.prepare(admitted, inputs)
+        images = await predictor.prepare(admitted, inputs, level)
         predictions = await predictor.predict(
             admitted, images, top_k_for(outputs), deadline, level,
             lambda: disconnected(request.receive), dense=wants_dense(outputs),
