@@ -24,7 +24,7 @@ from app.http.state import ServerState
 from app.logs import configure_logging
 from app.metrics import Metrics
 from app.serving.admission import Admission
-from app.serving.predict import Predictor
+from app.serving.predict import PARSE_THREADS, Predictor
 from app.serving.registry import Registry
 from app.settings import Settings, SettingsError, load_settings
 
@@ -108,7 +108,10 @@ def _lifespan(server: ServerState):  # type: ignore[no-untyped-def]
             await registry.aclose()
             raise
         decode_pool = ThreadPoolExecutor(settings.decode_threads, thread_name_prefix="decode")
-        server.predictor = Predictor(settings, registry, admission, metrics, decode_pool)
+        parse_pool = ThreadPoolExecutor(PARSE_THREADS, thread_name_prefix="parse")
+        server.predictor = Predictor(
+            settings, registry, admission, metrics, decode_pool, parse_pool
+        )
         grpc_front = None
         if settings.grpc_port:
             from app.grpc.server import GrpcBindError, GrpcFrontEnd
@@ -120,6 +123,7 @@ def _lifespan(server: ServerState):  # type: ignore[no-untyped-def]
                 logger.critical("batchserve cannot start: %s", exc)
                 await registry.aclose()
                 decode_pool.shutdown(wait=False, cancel_futures=True)
+                parse_pool.shutdown(wait=False, cancel_futures=True)
                 raise
         lifecycle.serve()
         drain = SigtermDrain(server, settings.drain_timeout_s)
@@ -133,6 +137,7 @@ def _lifespan(server: ServerState):  # type: ignore[no-untyped-def]
                 await grpc_front.stop(settings.drain_timeout_s)
             await registry.aclose()
             decode_pool.shutdown(wait=False, cancel_futures=True)
+            parse_pool.shutdown(wait=False, cancel_futures=True)
             lifecycle.stop()
             logger.info("stopped")
 

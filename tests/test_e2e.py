@@ -251,3 +251,41 @@ def test_an_oversized_chunked_body_is_refused_before_it_is_all_sent() -> None:
         sock.close()
         assert reply.startswith(b"HTTP/1.1 413"), reply[:200]
         assert b'"too_large"' in reply
+
+
+def test_large_json_tensors_do_not_stall_the_probes_or_other_requests() -> None:
+    """A v2 JSON body of millions of numbers takes seconds of CPU to parse and flatten: off the
+    event loop, /healthz and a small /predict keep answering while several arrive at once."""
+    import numpy as np
+    import orjson
+
+    pixels = np.random.default_rng(0).integers(0, 256, (1, 1000, 1000, 3), dtype=np.uint8)
+    body = orjson.dumps({"inputs": [{"name": "pixels", "datatype": "UINT8",
+                                     "shape": list(pixels.shape),
+                                     "data": pixels.ravel().tolist()}]})  # fmt: skip
+    env = {**BASE_ENV, "BATCHSERVE_MAX_IMAGE_BYTES": str(len(body) + 1024)}
+    with UvicornProcess(env) as server:
+
+        async def scenario() -> tuple[list[float], list[int], list[int]]:
+            async with httpx.AsyncClient(base_url=server.url, timeout=60) as client:
+                url = "/v2/models/color_classifier/infer"
+                heavy = [asyncio.ensure_future(client.post(url, content=body)) for _ in range(4)]
+                probes: list[float] = []
+                small: list[int] = []
+                while not all(task.done() for task in heavy):
+                    started = time.monotonic()
+                    # A liveness probe with Kubernetes' default 1 s timeout, and a small request.
+                    health = await client.get("/healthz", timeout=1.0)
+                    assert health.status_code == 200
+                    probes.append(time.monotonic() - started)
+                    reply = await client.post("/predict", content=images.jpeg(), headers=JPEG,
+                                              timeout=5.0)  # fmt: skip
+                    small.append(reply.status_code)
+                    await asyncio.sleep(0.05)
+                statuses = [(await task).status_code for task in heavy]
+            return probes, small, statuses
+
+        probes, small, statuses = asyncio.run(scenario())
+        assert statuses == [200] * 4
+        assert len(probes) >= 3  # the heavy requests took a while: the probes really overlapped
+        assert set(small) == {200}

@@ -71,6 +71,10 @@ class Admitted:
             self.version.leave()
 
 
+# Threads that parse request bodies: Python-bound work (the GIL), so more would not go faster.
+PARSE_THREADS = 2
+
+
 class Predictor:
     """The serving core: every front end's way to a prediction."""
 
@@ -81,6 +85,7 @@ class Predictor:
         admission: Admission,
         metrics: Metrics,
         decode_pool: ThreadPoolExecutor,
+        parse_pool: ThreadPoolExecutor | None = None,
     ) -> None:
         self.settings = settings
         self.registry = registry
@@ -88,6 +93,10 @@ class Predictor:
         self.metrics = metrics
         self.decode_pool = decode_pool
         self.decoding = PriorityPool(decode_pool, settings.decode_threads)
+        # Request bodies (JSON, base64, flattening) are parsed in threads of their own, so that
+        # a burst of large ones does not hold the decode threads that every image needs.
+        self.parsing = (PriorityPool(parse_pool, PARSE_THREADS) if parse_pool is not None
+                        else self.decoding)  # fmt: skip
 
     def admit(
         self,

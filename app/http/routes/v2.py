@@ -49,7 +49,9 @@ from app.protocol.tensors import (
     parse_request,
     read_inputs,
 )
+from app.serving.predict import Inputs
 from app.serving.version import ModelVersion
+from preprocessing import Buffer
 
 router = APIRouter(prefix="/v2", tags=["Open Inference Protocol (KServe v2)"])
 health = APIRouter(prefix="/v2", tags=["Open Inference Protocol (KServe v2)"])
@@ -141,13 +143,21 @@ async def _infer(server: ServerState, request: Request, name: str, version: str 
             predictor, admitted,
             lambda reserve: read_raw(request, settings.max_image_bytes, reserve),
         )  # fmt: skip
-        document, binary = parse_request(bytes(body), request.headers.get(HEADER_LENGTH))
+        header_length = request.headers.get(HEADER_LENGTH)
+
+        def parse(raw: Buffer) -> tuple[InferenceRequestBody, Inputs]:
+            # JSON, validation, base64 and flattening of a body of up to MAX_IMAGE_BYTES take
+            # long enough to stall every other request and the probes: not on the event loop.
+            document, binary = parse_request(bytes(raw), header_length)
+            return document, one_input(read_inputs(document, binary))
+
+        document, inputs = await predictor.parsing.run(
+            admitted.version.settings.default_priority - 1, parse, body
+        )
         del body
         timeout, priority = _schedule(document)
         deadline = predictor.deadline(admitted, timeout, arrived)
         level = predictor.priority_level(admitted, priority)
-        inputs = one_input(read_inputs(document, binary))
-        del binary
         outputs = _requested_outputs(document, admitted.engine)
         images = await predictor.prepare(admitted, inputs, level)
         predictions = await predictor.predict(
