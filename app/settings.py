@@ -94,6 +94,7 @@ class Settings(BaseSettings):
     # Requests
     max_image_bytes: int = Field(20 * 1024 * 1024, ge=1024)
     max_image_pixels: int = Field(40_000_000, ge=1)
+    max_images_per_request: int | None = Field(None, ge=1)
     min_image_size: int = Field(8, ge=1, le=4096)
     max_header_bytes: int = Field(16 * 1024, ge=1024)
     top_k: int = Field(5, ge=1)
@@ -193,6 +194,11 @@ class Settings(BaseSettings):
                 f"REQUEST_TIMEOUT_MS ({self.request_timeout_ms}), the deadline of requests "
                 "that name none"
             )
+        if (self.max_images_per_request or 0) > self.max_queue_size:
+            raise ValueError(
+                f"MAX_IMAGES_PER_REQUEST ({self.max_images_per_request}) cannot exceed "
+                f"MAX_QUEUE_SIZE ({self.max_queue_size}): each image takes a place in the queue"
+            )
         if self.worker_index >= self.workers:
             raise ValueError(
                 f"WORKER_INDEX ({self.worker_index}) must be below WORKERS ({self.workers})"
@@ -244,6 +250,11 @@ class Settings(BaseSettings):
     @property
     def request_timeout_s(self) -> float:
         return self.request_timeout_ms / 1000
+
+    @property
+    def images_per_request(self) -> int:
+        """``MAX_IMAGES_PER_REQUEST``, by default 64 or ``MAX_QUEUE_SIZE`` if smaller."""
+        return self.max_images_per_request or min(64, self.max_queue_size)
 
     @property
     def max_request_timeout_s(self) -> float:

@@ -7,6 +7,7 @@ import contextlib
 import socket
 import time
 from collections.abc import Callable
+from pathlib import Path
 
 import httpx
 import pytest
@@ -289,3 +290,69 @@ def test_large_json_tensors_do_not_stall_the_probes_or_other_requests() -> None:
         assert statuses == [200] * 4
         assert len(probes) >= 3  # the heavy requests took a while: the probes really overlapped
         assert set(small) == {200}
+
+
+def test_many_large_v2_bodies_stay_within_the_memory_bound() -> None:
+    """Every admitted request's memory is counted until it is let go: a burst of large bodies
+    (each past its admission once read) cannot pile up behind a slow model."""
+    mib = 1024 * 1024
+    shape = [1, 2000, 2000, 3]  # 12 MB of pixels each
+    pixels = bytes(range(256)) * (2000 * 2000 * 3 // 256)
+    tensor = {"name": "pixels", "datatype": "UINT8", "shape": shape,
+              "parameters": {"binary_data_size": len(pixels)}}  # fmt: skip
+    header = orjson_dumps({"inputs": [tensor]})
+    body = header + pixels
+    queue_bytes = 64 * mib
+    env = {
+        **SLOW_ENV,
+        "BATCHSERVE_TEST_SLOW_SECONDS": "0.2",
+        "BATCHSERVE_MODEL_NAME": "slow",
+        "BATCHSERVE_MAX_IMAGE_BYTES": str(16 * mib),
+        "BATCHSERVE_MAX_QUEUE_BYTES": str(queue_bytes),
+        "BATCHSERVE_REQUEST_TIMEOUT_MS": "120000",
+    }
+    with UvicornProcess(env) as server:
+        assert server.process is not None
+        status = Path(f"/proc/{server.process.pid}/status")
+        Path(f"/proc/{server.process.pid}/clear_refs").write_text("5")  # resets the peak
+        before = kib(status, "VmRSS")
+
+        async def burst() -> list[httpx.Response]:
+            headers = {"inference-header-content-length": str(len(header))}
+            async with httpx.AsyncClient(base_url=server.url, timeout=120) as client:
+
+                def post() -> asyncio.Future[httpx.Response]:
+                    url = "/v2/models/slow/infer"
+                    return asyncio.ensure_future(client.post(url, content=body, headers=headers))
+
+                sent = []
+                for _ in range(28):  # twice as fast as the model answers: a queue builds up
+                    sent.append(post())
+                    await asyncio.sleep(0.1)
+                sent += [post() for _ in range(12)]  # then more at once than admission holds
+                return await asyncio.gather(*sent)
+
+        replies = asyncio.run(burst())
+        peak = kib(status, "VmHWM")
+    statuses = [reply.status_code for reply in replies]
+    assert set(statuses) <= {200, 503}, statuses
+    assert all('"overloaded"' in r.text or "capacity" in r.text
+               for r in replies if r.status_code == 503)  # fmt: skip
+    assert statuses.count(200) >= 28
+    assert statuses.count(503) >= 1  # the excess of the burst
+    grown = (peak - before) * 1024
+    assert grown <= 4 * queue_bytes, f"peak RSS grew by {grown / mib:.0f} MiB"
+
+
+def orjson_dumps(value: object) -> bytes:
+    import orjson
+
+    return orjson.dumps(value)
+
+
+def kib(status: Path, field: str) -> int:
+    """A ``/proc/<pid>/status`` memory figure, in KiB."""
+    for line in status.read_text().splitlines():
+        if line.startswith(f"{field}:"):
+            return int(line.split()[1])
+    raise AssertionError(f"no {field} in {status}")

@@ -458,6 +458,7 @@ def test_grpc_listens_where_uvicorn_was_told_to_unless_told_otherwise() -> None:
     assert http_host(["python", "serve.py"], {}) == "127.0.0.1"
     assert listen_address(make_settings(grpc_port=8001, grpc_host="::1")) == "[::1]:8001"
     assert listen_address(make_settings(grpc_port=9000, grpc_host="0.0.0.0")) == "0.0.0.0:9000"
-    settings = make_settings(max_image_bytes=MiB, max_queue_size=4, max_queue_bytes=64 * MiB)
+    settings = make_settings(max_image_bytes=MiB, max_images_per_request=4,
+                             max_queue_bytes=64 * MiB)  # fmt: skip
     assert message_limit(settings) == 4 * MiB + 64 * 1024
     assert message_limit(make_settings()) == 256 * MiB + 64 * 1024

@@ -12,6 +12,7 @@ import jsonschema
 import orjson
 import pytest
 
+from app.errors import OverloadedError
 from tests import images
 from tests.checks import metric
 from tests.conftest import make_settings, serve
@@ -192,6 +193,29 @@ async def test_protocol_errors_for_images_models_and_limits() -> None:
         assert (await client.get("/v2/health/ready")).json() == {"ready": True}
         ready = await client.get(f"/v2/models/{MODEL}/ready")
         assert ready.json() == {"name": MODEL, "ready": True}
+
+
+async def test_each_image_of_a_request_counts_against_the_queue() -> None:
+    settings = make_settings(max_images_per_request=3, max_queue_size=4)
+    pictures = [images.jpeg(images.photo(64, 48, seed=seed)) for seed in range(4)]
+    async with serve(settings) as (app, client):
+        too_many = await client.post(INFER, content=request_json(image_input(*pictures)))
+        assert "1 to 3 images (MAX_IMAGES_PER_REQUEST), not 4" in assert_protocol_error(
+            too_many, 422
+        )
+        three = await client.post(INFER, content=request_json(image_input(*pictures[:3])))
+        assert three.status_code == 200, three.text
+        # Three images take three of the four places: a second such request cannot be admitted
+        # while the first holds them, wherever it is (read, decoded, queued).
+        predictor = app.state.server.predictor
+        first, second = predictor.admit(MODEL, None), predictor.admit(MODEL, None)
+        try:
+            first.ticket.count_images(3)
+            with pytest.raises(OverloadedError):
+                second.ticket.count_images(2)
+        finally:
+            first.close()
+            second.close()
 
 
 async def test_a_deadline_is_a_504_in_the_protocol_shape(client: httpx.AsyncClient) -> None:

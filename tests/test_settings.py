@@ -56,6 +56,10 @@ def test_dotenv_file_is_read(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) ->
             "MAX_REQUEST_TIMEOUT_MS (1000.0) cannot be below REQUEST_TIMEOUT_MS (30000.0)",
         ),
         ({"BATCHSERVE_GRPC_PORT": "70000"}, "BATCHSERVE_GRPC_PORT: Input should be less"),
+        (
+            {"BATCHSERVE_MAX_QUEUE_SIZE": "16", "BATCHSERVE_MAX_IMAGES_PER_REQUEST": "32"},
+            "MAX_IMAGES_PER_REQUEST (32) cannot exceed MAX_QUEUE_SIZE (16)",
+        ),
     ],
 )
 def test_invalid_settings_are_explained(

@@ -55,9 +55,9 @@ def http_host(argv: Sequence[str] | None = None, environ: Mapping[str, str] | No
 
 def message_limit(settings: Settings) -> int:
     """The largest message a call may send: as many images of ``MAX_IMAGE_BYTES`` as a request
-    may carry (``MAX_QUEUE_SIZE``), never more than admission could ever hold
+    may carry (``MAX_IMAGES_PER_REQUEST``), never more than admission could ever hold
     (``MAX_QUEUE_BYTES``). Anything larger is refused by gRPC itself (RESOURCE_EXHAUSTED)."""
-    images = settings.max_image_bytes * settings.max_queue_size
+    images = settings.max_image_bytes * settings.images_per_request
     return min(images, settings.max_queue_bytes) + _ENVELOPE_BYTES
 
 

@@ -136,9 +136,13 @@ class InferenceService(service_pb2_grpc.GRPCInferenceServiceServicer):  # type: 
             level = predictor.priority_level(admitted, priority)
             engine = admitted.engine
             inputs = one_input(_tensors(request))
+            # The message's own copy of the tensors is not needed again: only the decoded
+            # images wait from here on (the batcher counts them).
+            request.ClearField("raw_input_contents")
             _check_sizes(inputs, self.server.settings.max_image_bytes)
             outputs = _outputs(request, engine.num_classes)
             images = await predictor.prepare(admitted, inputs, level)
+            del inputs
             predictions = await predictor.predict(
                 admitted, images, top_k_for(outputs), deadline, level, dense=wants_dense(outputs)
             )

@@ -22,6 +22,7 @@ import orjson
 from pydantic import BaseModel, Field, ValidationError
 
 from app.errors import BadRequestError, InvalidInputError
+from preprocessing import Buffer
 
 # NumPy dtype of each fixed-size datatype this server reads or writes.
 NUMERIC: dict[str, np.dtype[Any]] = {"UINT8": np.dtype("<u1"), "FP32": np.dtype("<f4")}
@@ -63,10 +64,12 @@ class Tensor:
     array: np.ndarray[Any, Any] | None = None
 
 
-def parse_request(body: bytes, header_length: str | None) -> tuple[InferenceRequestBody, bytes]:
-    """The JSON header, validated, and the binary part after it."""
+def parse_request(body: Buffer, header_length: str | None) -> tuple[InferenceRequestBody, Buffer]:
+    """The JSON header, validated, and the binary part after it (a view of ``body`` when it
+    is a memoryview: nothing is copied)."""
+    binary: Buffer = b""
     if header_length is None:
-        header, binary = body, b""
+        header = body
     else:
         try:
             length = int(header_length)
@@ -92,7 +95,7 @@ def parse_request(body: bytes, header_length: str | None) -> tuple[InferenceRequ
         raise MalformedTensorError(f"invalid inference request: {problems}") from None
 
 
-def read_inputs(request: InferenceRequestBody, binary: bytes) -> list[Tensor]:
+def read_inputs(request: InferenceRequestBody, binary: Buffer) -> list[Tensor]:
     """Every input's elements, from its JSON ``data`` or its share of the binary part."""
     tensors = []
     offset = 0
@@ -130,11 +133,11 @@ def read_inputs(request: InferenceRequestBody, binary: bytes) -> list[Tensor]:
     return tensors
 
 
-def _from_binary(tensor: RequestInput, count: int, raw: bytes) -> Tensor:
+def _from_binary(tensor: RequestInput, count: int, raw: Buffer) -> Tensor:
     return from_raw(tensor.name, tensor.datatype, tuple(tensor.shape), count, raw)
 
 
-def from_raw(name: str, datatype: str, shape: tuple[int, ...], count: int, raw: bytes) -> Tensor:
+def from_raw(name: str, datatype: str, shape: tuple[int, ...], count: int, raw: Buffer) -> Tensor:
     """A tensor from its raw little-endian bytes (BYTES: each element a 4-byte length, then
     its bytes), as the binary extension and gRPC's ``raw_input_contents`` carry them."""
     if datatype == "BYTES":
@@ -151,7 +154,7 @@ def from_raw(name: str, datatype: str, shape: tuple[int, ...], count: int, raw: 
     return Tensor(name, datatype, shape, array=array)
 
 
-def _length_prefixed(name: str, raw: bytes, count: int) -> list[bytes]:
+def _length_prefixed(name: str, raw: Buffer, count: int) -> list[bytes]:
     items, offset = [], 0
     while offset < len(raw):
         if offset + 4 > len(raw):
@@ -160,7 +163,7 @@ def _length_prefixed(name: str, raw: bytes, count: int) -> list[bytes]:
         offset += 4
         if offset + length > len(raw):
             raise MalformedTensorError(f"input {name!r}: a BYTES element runs past its data")
-        items.append(raw[offset : offset + length])
+        items.append(bytes(raw[offset : offset + length]))  # its own: the body can go
         offset += length
     if len(items) != count:
         raise MalformedTensorError(

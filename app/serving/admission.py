@@ -145,8 +145,23 @@ class Ticket:
         self._model = model
         self._entry = entry
         self.reserved = 0
+        self.images = 1
         self._open = True
         entry.preparing += 1
+
+    def count_images(self, count: int) -> None:
+        """The request carries ``count`` images: each counts against ``MAX_QUEUE_SIZE``, as
+        it will in the batcher's queue; ``OverloadedError`` when they do not fit."""
+        extra = count - self.images
+        if extra <= 0 or not self._open:
+            return
+        admission = self._admission
+        why = admission._refusal(self._model, lambda each: each.requests,
+                                 admission.max_requests, extra, "requests")  # fmt: skip
+        if why is not None:
+            raise admission.overloaded(self._model, why)
+        self._entry.preparing += extra
+        self.images = count
 
     def reserve(self, total_bytes: int) -> None:
         """Make sure ``total_bytes`` are counted for this request (they only ever grow while it
@@ -167,6 +182,6 @@ class Ticket:
         counts what it still holds from then on)."""
         if self._open:
             self._open = False
-            self._entry.preparing -= 1
+            self._entry.preparing -= self.images
             self._entry.preparing_bytes -= self.reserved
             self._admission.forget_if_idle(self._model)

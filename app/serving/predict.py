@@ -189,9 +189,16 @@ class Predictor:
         """Check the inputs against the model and decode (on the CPU: decode, resize, crop)
         in the decode threads, the most urgent ``level`` first (None: the default)."""
         engine = admitted.engine
-        limit = self.settings.max_queue_size
+        limit = self.settings.images_per_request
         if not 1 <= len(inputs) <= limit:
-            raise InvalidInputError(f"a request carries 1 to {limit} images, not {len(inputs)}")
+            raise InvalidInputError(
+                f"a request carries 1 to {limit} images (MAX_IMAGES_PER_REQUEST), not {len(inputs)}"
+            )
+        try:
+            admitted.ticket.count_images(len(inputs))
+        except OverloadedError:
+            self.metrics.on_reject("overloaded", admitted.version.model)
+            raise
         if level is None:
             level = admitted.version.settings.default_priority - 1
         stage = admitted.version.metrics.observe_stage
@@ -245,7 +252,7 @@ class Predictor:
         futures: list[asyncio.Future[Prediction]] = []
         try:
             for image in images:
-                cost = len(image.data) if image.data is not None else 0  # kept for the device
+                cost = held_bytes(image)
                 futures.append(batcher.enqueue(InferenceRequest(image, top_k, dense), deadline,
                                                cost=cost, priority=level))  # fmt: skip
             return await _gather_or_cancel(futures, cancelled)
@@ -271,3 +278,12 @@ async def _gather_or_cancel(
     with contextlib.suppress(asyncio.CancelledError):
         await everything
     raise Cancelled
+
+
+def held_bytes(image: PreparedImage) -> int:
+    """What a waiting image holds until its batch takes it: its encoded bytes (for a device
+    decoder), its decoded crop, or the client's normalised tensor."""
+    if image.data is not None:
+        return len(image.data)
+    tensor = image.pixels if image.pixels is not None else image.normalized
+    return tensor.numel() * tensor.element_size() if tensor is not None else 0

@@ -159,7 +159,12 @@ async def _infer(server: ServerState, request: Request, name: str, version: str 
         deadline = predictor.deadline(admitted, timeout, arrived)
         level = predictor.priority_level(admitted, priority)
         outputs = _requested_outputs(document, admitted.engine)
+        request_id = document.id
+        # From here on only the decoded images wait (counted by the batcher as they are): the
+        # document (a JSON tensor is millions of Python numbers) and the raw input go now.
+        del document
         images = await predictor.prepare(admitted, inputs, level)
+        del inputs
         predictions = await predictor.predict(
             admitted, images, top_k_for(outputs), deadline, level,
             lambda: disconnected(request.receive), dense=wants_dense(outputs),
@@ -168,7 +173,7 @@ async def _infer(server: ServerState, request: Request, name: str, version: str 
     finally:
         admitted.close()
     started = time.perf_counter()
-    response = _response(document, serving, engine, outputs, predictions)
+    response = _response(request_id, serving, engine, outputs, predictions)
     serving.metrics.observe_stage("serialize", time.perf_counter() - started)
     mark_outcome(request.scope, "ok")
     return response
@@ -201,7 +206,7 @@ def _requested_outputs(
 
 
 def _response(
-    document: InferenceRequestBody,
+    request_id: str | None,
     serving: ModelVersion,
     engine: InferenceEngine,
     outputs: list[RequestedOutput],
@@ -226,8 +231,8 @@ def _response(
         "model_version": str(serving.version),
         "outputs": entries,
     }
-    if document.id is not None:
-        payload["id"] = document.id
+    if request_id is not None:
+        payload["id"] = request_id
     header = orjson.dumps(payload)
     tensors = b"".join(chunks)
     if not tensors:
