@@ -460,7 +460,13 @@ class DynamicBatcher(Generic[T, R]):
                 timer.cancel()
 
     def _take(self, batch: list[_Request[T, R]], size: int, now: float) -> None:
-        """Move up to ``size`` live requests into ``batch``, level 0 first, FIFO within one."""
+        """Move up to ``size`` live requests into ``batch``, level 0 first, FIFO within one.
+
+        A request whose deadline comes before the batch could finish (by the learned batch
+        time) is answered ``DeadlineExceededError`` now instead: computing it would only waste
+        the device on an answer nobody gets, which under overload starves the requests that
+        could still make it."""
+        finish = now + (self.timings.estimate(size) or 0.0)
         for queue in self._queues:
             while queue and len(batch) < size:
                 request = queue.popleft()
@@ -469,8 +475,8 @@ class DynamicBatcher(Generic[T, R]):
                 if request.future.done():  # cancelled, its callback still to come
                     self._withdraw(request)
                     continue
-                if request.deadline is not None and request.deadline <= now:
-                    self._expire(request)  # its timer has not fired yet; same outcome
+                if request.deadline is not None and request.deadline <= finish:
+                    self._expire(request)  # too late already, or by the time it would finish
                     continue
                 batch.append(request)
                 self._dequeue(request)

@@ -413,6 +413,29 @@ async def test_batches_are_filled_from_the_highest_priority_down() -> None:
     await batcher.aclose()
 
 
+async def test_a_request_that_cannot_finish_in_time_is_not_run() -> None:
+    """Under overload, computing answers whose deadline passes mid-batch wastes the device on
+    nobody: a request is answered at dispatch when the learned batch time says it is too late."""
+    clock = ManualClock()
+    run = GatedRun()
+    batcher, recorder = make(run, clock, max_batch_size=1, max_inflight_batches=1,
+                             dispatch_when_idle=True)  # fmt: skip
+    first = asyncio.ensure_future(batcher.submit(1))
+    await run.wait_started(1)
+    clock.advance(1.0)  # a batch takes 1 s here
+    run.release(0)
+    assert await first == 10
+    hopeless = asyncio.ensure_future(batcher.submit(2, deadline=clock.now() + 0.5))
+    with pytest.raises(DeadlineExceededError) as raised:
+        await hopeless
+    assert not raised.value.dispatched
+    assert len(run.batches) == 1  # never computed
+    assert [reason for reason, _ in recorder.drops] == ["deadline_exceeded"]
+    run.release()
+    assert await batcher.submit(3, deadline=clock.now() + 2.0) == 30
+    await batcher.aclose()
+
+
 async def test_a_full_queue_makes_room_for_a_higher_priority() -> None:
     run = GatedRun()
     batcher, recorder = make(
