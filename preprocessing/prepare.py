@@ -41,7 +41,7 @@ def prepare(
     header = read_header(data, limits)
     if device_decodes_jpeg and header.format is ImageFormat.JPEG:
         return PreparedImage(header, data=data, decode_s=time.perf_counter() - started)
-    pixels = resize_crop(decode_cpu(data, header), transform)
+    pixels = resize_crop(decode_cpu(data, header, transform.resize_size), transform)
     return PreparedImage(header, pixels=pixels, decode_s=time.perf_counter() - started)
 
 

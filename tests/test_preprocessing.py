@@ -227,3 +227,25 @@ def test_normalize_into_fills_a_channels_last_bf16_buffer_in_place() -> None:
 def test_transform_config_is_validated() -> None:
     with pytest.raises(ValueError, match="crop"):
         TransformConfig(crop_size=300, resize_size=256)
+
+
+def test_large_jpegs_are_decoded_scaled_in_the_dct_and_come_out_alike() -> None:
+    """At least four times the resize target on its short side, a JPEG is decoded at 1/2, 1/4
+    or 1/8 of its size (never below twice the target); the crop the model sees barely moves."""
+    config = TransformConfig()  # resize 256, crop 224
+    photo = images.photo(2048, 1536, seed=3)
+    data = images.jpeg(photo, quality=92)
+    full = decode(data)
+    scaled = decode_cpu(data, read_header(data), config.resize_size)
+    assert full.shape == (3, 1536, 2048)
+    assert scaled.shape == (3, 768, 1024)  # 1/2: 1/4 would fall below 512
+    crop = prepare(data, config).pixels
+    assert crop is not None
+    reference = F.center_crop(F.resize(full, [256], antialias=True), [224, 224])
+    assert (crop.float() - reference.float()).abs().mean() < 1.5  # of 255 levels
+    # Smaller than four times the target: decoded whole, exactly as before.
+    small = images.jpeg(images.photo(1000, 800, seed=3))
+    assert torch.equal(decode_cpu(small, read_header(small), 256), decode(small))
+    # The EXIF orientation is applied on the scaled path too.
+    rotated = images.with_exif_orientation(photo, 6)
+    assert decode_cpu(rotated, read_header(rotated), 256).shape == (3, 1024, 768)
