@@ -38,7 +38,7 @@ def main(argv: list[str] | None = None) -> int:
     )  # fmt: skip
     args = parser.parse_args(argv)
     settings = settings_for_tool()
-    if settings.backend == "torch":
+    if settings.backend in ("torch", "auto"):
         print("batchserve: set BATCHSERVE_BACKEND=onnxruntime or openvino", file=sys.stderr)
         return 2
     configure_logging(settings.log_level, settings.log_json)

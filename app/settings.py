@@ -21,7 +21,7 @@ from batching import BatchConfig, parse_sizes
 ENV_PREFIX = "BATCHSERVE_"
 
 Precision = Literal["auto", "fp32", "fp16", "bf16", "int8"]
-BackendName = Literal["torch", "onnxruntime", "openvino"]
+BackendName = Literal["auto", "torch", "onnxruntime", "openvino"]
 DecodeDevice = Literal["auto", "cpu", "cuda"]
 LogLevel = Literal["critical", "error", "warning", "info", "debug"]
 ModelControl = Literal["none", "explicit"]
@@ -63,7 +63,7 @@ class Settings(BaseSettings):
     resize_size: int | None = Field(None, ge=8, le=8192)
     cuda_graphs: bool = False
     compile: Literal["auto", "none", "torchscript", "inductor"] = "auto"
-    backend: BackendName = "torch"
+    backend: BackendName = "auto"
     artifacts_dir: Path = Path.home() / ".cache" / "batchserve" / "artifacts"
     calibration_dir: Path | None = None
     allow_ungated_int8: bool = False
@@ -237,6 +237,10 @@ class Settings(BaseSettings):
         model's settings not in ``values`` take their defaults, not the environment's."""
         process = {key: value for key, value in self if key not in MODEL_KEYS}
         return _Explicit(**process, **values)
+
+    def with_backend(self, name: str) -> Settings:
+        """These settings serving ``name`` (BACKEND=auto's candidates and choice)."""
+        return self.model_copy(update={"backend": name})
 
     @property
     def queue_delay_s(self) -> float:

@@ -42,9 +42,12 @@ class UvicornProcess:
         # gRPC on a port of its own too (``env`` may say otherwise, 0 to turn it off).
         self.grpc_port = int(env.get("BATCHSERVE_GRPC_PORT", free_port()))
         self.grpc_target = f"127.0.0.1:{self.grpc_port}"
+        # The torch backend unless the environment or ``env`` names one: BACKEND=auto would
+        # measure every runtime at each fresh start (and export what the tests' models cannot
+        # run, like a sleep).
         self._env = {
-            **os.environ, "PYTHONPATH": str(ROOT), "BATCHSERVE_GRPC_PORT": str(self.grpc_port),
-            **env,
+            "BATCHSERVE_BACKEND": "torch", **os.environ, "PYTHONPATH": str(ROOT),
+            "BATCHSERVE_GRPC_PORT": str(self.grpc_port), **env,
         }  # fmt: skip
         self._startup_timeout = startup_timeout
         self._app = app

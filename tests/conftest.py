@@ -52,6 +52,7 @@ def make_settings(**overrides: Any) -> Settings:
         "decode_workers": 2,
         "drain_timeout_s": 5,
         "grpc_port": 0,  # in-process apps share one machine: gRPC only where a test asks
+        "backend": "torch",  # BACKEND=auto measures every runtime: only where a test asks
     }
     values.update(overrides)
     return Settings(_env_file=None, **values)

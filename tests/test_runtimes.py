@@ -134,6 +134,41 @@ def test_unsupported_precisions_are_refused(tmp_path: Path) -> None:
         make_settings(precision="int8")
 
 
+def test_auto_serves_the_fastest_installed_backend_and_remembers_why(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from app.engine import choice as choice_module
+
+    assert Settings(_env_file=None).backend == "auto"  # the default
+    settings = runtime_settings(tmp_path, "auto")
+    engine = build_engine(settings, settings.batch_config("cpu"))
+    choice = engine.backend.choice
+    assert choice is not None
+    rates = choice["rates"]
+    assert set(rates) == {"torch", "onnxruntime", "openvino"}
+    assert engine.backend.name == choice["chosen"] == max(rates, key=rates.__getitem__)
+    assert engine.backend.describe()["auto"]["chosen"] == engine.backend.name
+    if engine.backend.name != "torch":
+        assert engine.check is not None
+        assert engine.check["passed"]  # checked against eager PyTorch like any runtime
+    assert len(list((settings.artifacts_dir / "backend-choice").glob("*.json"))) == 1
+
+    def measured(*args: object) -> float:
+        raise AssertionError("measured again")
+
+    monkeypatch.setattr(choice_module, "images_per_second", measured)
+    again = build_engine(settings, settings.batch_config("cpu"))  # a later start
+    assert again.backend.name == engine.backend.name
+    assert again.backend.choice is not None
+    assert again.backend.choice["reused"]
+    other = runtime_settings(tmp_path, "auto", max_batch_size=4)  # another warm-up batch
+    with pytest.raises(AssertionError, match="measured again"):
+        build_engine(other, other.batch_config("cpu"))
+    int8 = runtime_settings(tmp_path, "auto", precision="int8")
+    with pytest.raises(StartupError, match="BACKEND=auto does not choose an INT8 runtime"):
+        build_engine(int8, int8.batch_config("cpu"))
+
+
 def test_onnxruntime_on_cuda_runs_the_precision_it_reports(tmp_path: Path) -> None:
     """fp32 never runs TensorRT in fp16; fp16 runs on TensorRT or not at all (the CUDA provider
     would run the fp32 export while the server reported fp16)."""

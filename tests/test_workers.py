@@ -71,6 +71,7 @@ def supervised(tmp_path: Path) -> Iterator[tuple[subprocess.Popen[bytes], list[s
         "BATCHSERVE_PYTHON": sys.executable,
         "BATCHSERVE_HOST": "127.0.0.1",
         "BATCHSERVE_MODEL": "tests.models:color_classifier",
+        "BATCHSERVE_BACKEND": "torch",
         "BATCHSERVE_WEIGHTS": "none",
         "BATCHSERVE_PRECISION": "fp32",
         "BATCHSERVE_LOG_LEVEL": "warning",

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import copy
+import dataclasses
 import logging
 import threading
 from pathlib import Path
@@ -12,6 +13,7 @@ import torch
 
 from app.engine.artifacts import REPORT, ArtifactKey, building, find, weights_digest
 from app.engine.backends import Backend, TorchBackend
+from app.engine.choice import choose_backend
 from app.engine.compile import resolve_compile
 from app.engine.device import (
     NAMES,
@@ -70,11 +72,20 @@ def build_engine(
     device = resolve_device(settings.device, settings.worker_index)
     torch.set_num_threads(settings.intra_op_threads)
     loaded = load_configured_model(settings)
-    if settings.backend == "torch":
-        backend = torch_backend(settings, loaded, device, config)
-    else:
+    reference = None
+    if settings.backend != "torch":
         reference = copy.deepcopy(loaded.module).eval().float()  # before anything converts it
-        backend = runtime_backend(settings, loaded, device, config)
+    if settings.backend == "auto":
+        backend, choice = choose_backend(
+            settings, device, loaded_digest(loaded), input_shape(loaded),
+            min(8, config.max_batch_size),
+            lambda name: _build_backend(settings.with_backend(name), loaded, device, config,
+                                        own_copy=True),
+        )  # fmt: skip
+        backend.choice = choice
+        settings = settings.with_backend(backend.name)
+    else:
+        backend = _build_backend(settings, loaded, device, config)
     engine = InferenceEngine(
         loaded,
         backend,
@@ -90,11 +101,26 @@ def build_engine(
         decode_on_device=resolve_decode_device(settings.decode_device, device),
         device_lock=device_lock,
     )
-    if settings.backend != "torch":
+    if reference is not None and settings.backend != "torch":
         gate = engine.backend.int8_gate
         ungated = gate is not None and not gate["passed"]
         engine.check = startup_check(engine, loaded, reference, enforce=not ungated)
     return engine
+
+
+def _build_backend(
+    settings: Settings,
+    loaded: LoadedModel,
+    device: torch.device,
+    config: BatchConfig,
+    *,
+    own_copy: bool = False,
+) -> Backend:
+    if settings.backend == "torch":
+        # Its own copy when other backends may be built from the same module after it.
+        module = copy.deepcopy(loaded.module) if own_copy else loaded.module
+        return torch_backend(settings, dataclasses.replace(loaded, module=module), device, config)
+    return runtime_backend(settings, loaded, device, config)
 
 
 def input_shape(loaded: LoadedModel) -> tuple[int, int, int]:

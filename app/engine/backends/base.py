@@ -40,6 +40,7 @@ class Backend(ABC):
     measured_rates: dict[str, float] | None = None
     # An INT8 model's accuracy gate, as judged when it was chosen to serve.
     int8_gate: dict[str, Any] | None = None
+    choice: dict[str, Any] | None = None  # why BACKEND=auto chose this backend
 
     @property
     def variant(self) -> str:
@@ -64,4 +65,6 @@ class Backend(ABC):
             described["measured_images_per_second"] = self.measured_rates
         if self.int8_gate is not None:
             described["int8_gate"] = self.int8_gate
+        if self.choice is not None:
+            described["auto"] = self.choice
         return described
