@@ -28,7 +28,9 @@ def toml(values: dict[str, Any]) -> str:
 def add_model(root: Path, name: str, versions: tuple[int, ...] = (1,), **config: Any) -> Path:
     folder = root / name
     folder.mkdir(parents=True, exist_ok=True)
-    (folder / "config.toml").write_text(toml({**COMMON, **config}))
+    # The torch backend unless a test names another: BACKEND=auto (the default) would export
+    # the test models, whose Python side effects (counters, sleeps) the runtimes drop.
+    (folder / "config.toml").write_text(toml({**COMMON, "backend": "torch", **config}))
     for version in versions:
         (folder / str(version)).mkdir(exist_ok=True)
     return folder

@@ -95,6 +95,7 @@ def probabilities(
     serving path (decode, resize, crop, collate, forward, softmax)."""
     rows: list[torch.Tensor] = []
     classes = engine.num_classes
+    batch_size = min(batch_size, engine.max_batch_size)  # an engine takes no more than that
     for start in range(0, len(images), batch_size):
         chunk = images[start : start + batch_size]
         requests = [InferenceRequest(engine.prepare(data), classes) for data in chunk]
