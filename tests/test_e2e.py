@@ -270,7 +270,7 @@ def test_large_json_tensors_do_not_stall_the_probes_or_other_requests() -> None:
         async def scenario() -> tuple[list[float], list[int], list[int]]:
             async with httpx.AsyncClient(base_url=server.url, timeout=60) as client:
                 url = "/v2/models/color_classifier/infer"
-                heavy = [asyncio.ensure_future(client.post(url, content=body)) for _ in range(4)]
+                heavy = [asyncio.ensure_future(client.post(url, content=body)) for _ in range(3)]
                 probes: list[float] = []
                 small: list[int] = []
                 while not all(task.done() for task in heavy):
@@ -287,7 +287,7 @@ def test_large_json_tensors_do_not_stall_the_probes_or_other_requests() -> None:
             return probes, small, statuses
 
         probes, small, statuses = asyncio.run(scenario())
-        assert statuses == [200] * 4
+        assert statuses == [200] * 3
         assert len(probes) >= 3  # the heavy requests took a while: the probes really overlapped
         assert set(small) == {200}
 

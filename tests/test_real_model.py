@@ -99,11 +99,11 @@ def test_the_gate_refuses_a_model_that_really_is_worse(
 
 @pytest.mark.slow
 def test_phone_photos_decoded_scaled_keep_their_answers() -> None:
-    """The twenty photos as 12 MP phone pictures (4032 px on the long side, JPEG 90): decoded
-    scaled in the DCT or whole, efficientnet-lite0 gives the same top class for every one, and
-    probabilities within bounds measured here (largest difference 0.061, mean total variation
-    0.026 on an Intel Xeon; a decoder change moves them more than fp32's 1e-3 start-up
-    tolerance, as re-encoding a JPEG does)."""
+    """Every other one of the twenty photos as a 12 MP phone picture (4032 px on the long side,
+    JPEG 90): decoded scaled in the DCT or whole, efficientnet-lite0 gives the same top class
+    for every one, and probabilities within bounds measured here (over all twenty: largest
+    difference 0.061, mean total variation 0.026 on an Intel Xeon; a decoder change moves them
+    more than fp32's 1e-3 start-up tolerance, as re-encoding a JPEG does)."""
     import io
 
     import torch
@@ -132,7 +132,7 @@ def test_phone_photos_decoded_scaled_keep_their_answers() -> None:
             return torch.softmax(model(batch), dim=1)[0]
 
     variations = []
-    for name, data in photos().items():
+    for name, data in list(photos().items())[::2]:  # ten of them: a 12 MP decode is slow
         big = phone(data)
         whole, scaled = probabilities(big, None), probabilities(big, config.resize_size)
         assert int(whole.argmax()) == int(scaled.argmax()), name
