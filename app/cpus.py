@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import math
 import os
+import platform
 from pathlib import Path
 
 CGROUP = Path("/sys/fs/cgroup")
@@ -58,3 +59,14 @@ def cgroup_cpu_quota(cgroup: Path = CGROUP) -> float | None:
     except (OSError, ValueError):
         return None
     return quota_us / period_us if quota_us > 0 and period_us > 0 else None
+
+
+def cpu_model() -> str:
+    """The CPU's model name (``/proc/cpuinfo``), else what the platform says."""
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("model name"):
+                return line.split(":", 1)[1].strip()
+    except OSError:
+        pass
+    return platform.processor() or "unknown"

@@ -13,6 +13,8 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
+from app.cpus import cpu_model
+
 RESULTS = Path(__file__).resolve().parent / "results"
 
 
@@ -23,7 +25,7 @@ def machine() -> dict[str, Any]:
         "python": platform.python_version(),
         "platform": platform.platform(),
         "cpus": os.cpu_count(),
-        "cpu": _cpu_model(),
+        "cpu": cpu_model(),
     }
     try:
         import torch
@@ -45,16 +47,6 @@ def machine() -> dict[str, Any]:
             ["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True, check=True
         ).stdout.strip()
     return info
-
-
-def _cpu_model() -> str:
-    try:
-        for line in Path("/proc/cpuinfo").read_text().splitlines():
-            if line.startswith("model name"):
-                return line.split(":", 1)[1].strip()
-    except OSError:
-        pass
-    return platform.processor() or "unknown"
 
 
 def median(values: Sequence[float]) -> float:

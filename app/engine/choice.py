@@ -25,6 +25,7 @@ from typing import Any
 
 import torch
 
+from app.cpus import cpu_model
 from app.engine.artifacts import read_json, write_json
 from app.engine.backends import Backend
 from app.engine.errors import StartupError
@@ -51,22 +52,12 @@ def _version(distribution: str) -> str:
         return "-"
 
 
-def _cpu_model() -> str:
-    try:
-        for line in Path("/proc/cpuinfo").read_text().splitlines():
-            if line.startswith("model name"):
-                return line.split(":", 1)[1].strip()
-    except OSError:
-        pass
-    return "unknown"
-
-
 def decision_path(settings: Settings, model_digest: str, rows: int) -> Path:
     """Where the choice for this model, its settings, this CPU and these versions is kept."""
     key = {
         "model": settings.model, "weights": model_digest, "precision": settings.precision,
         "compile": settings.compile, "rows": rows, "threads": settings.intra_op_threads,
-        "image_size": settings.image_size, "cpu": _cpu_model(), "int8_class": this_cpu().name,
+        "image_size": settings.image_size, "cpu": cpu_model(), "int8_class": this_cpu().name,
         "versions": {name: _version(name) for name in ("torch", "onnxruntime", "openvino")},
         "candidates": installed(),
     }  # fmt: skip
