@@ -262,8 +262,7 @@ class Settings(BaseSettings):
 
     @property
     def max_request_timeout_s(self) -> float:
-        limit = self.max_request_timeout_ms
-        return (limit if limit is not None else self.request_timeout_ms) / 1000
+        return (self.max_request_timeout_ms or self.request_timeout_ms) / 1000
 
     @property
     def decode_threads(self) -> int:

@@ -1,13 +1,17 @@
-"""Assertions shared by the engine tests."""
+"""Assertions shared by the tests: predictions, metrics, conditions reached in time."""
 
 from __future__ import annotations
 
 import re
+import time
+from collections.abc import Callable
 
+import httpx
 import pytest
 
 from app.engine import Prediction
 from benchmarks.promtext import has, parse, value
+from benchmarks.servers import UvicornProcess
 
 
 def assert_same_prediction(
@@ -32,3 +36,17 @@ def metric(text: str, name: str) -> float:
     samples = parse(text)
     assert has(samples, match.group(1), **labels), f"{name} not in /metrics"
     return value(samples, match.group(1), **labels)
+
+
+def scrape(server: UvicornProcess, name: str) -> float:
+    """``metric`` of a real server's ``/metrics`` now."""
+    return metric(httpx.get(f"{server.url}/metrics", timeout=5).text, name)
+
+
+def wait_for(condition: Callable[[], bool], timeout: float = 10.0) -> None:
+    """Poll ``condition`` until it holds, or fail after ``timeout`` seconds."""
+    deadline = time.monotonic() + timeout
+    while not condition():
+        if time.monotonic() > deadline:
+            raise AssertionError("condition not reached in time")
+        time.sleep(0.02)

@@ -6,15 +6,15 @@ import asyncio
 import contextlib
 import socket
 import time
-from collections.abc import Callable
 from pathlib import Path
 
 import httpx
+import orjson
 import pytest
 
 from benchmarks.servers import UvicornProcess
 from tests import images
-from tests.checks import metric
+from tests.checks import scrape, wait_for
 
 pytestmark = [pytest.mark.e2e, pytest.mark.slow]
 
@@ -32,18 +32,6 @@ SLOW_ENV = {
     "BATCHSERVE_MAX_INFLIGHT_BATCHES": "1",
     "BATCHSERVE_COMPILE": "none",  # tracing would drop the model's sleep
 }
-
-
-def scrape(server: UvicornProcess, name: str) -> float:
-    return metric(httpx.get(f"{server.url}/metrics", timeout=5).text, name)
-
-
-def wait_for(condition: Callable[[], bool], timeout: float = 10.0) -> None:
-    deadline = time.monotonic() + timeout
-    while not condition():
-        if time.monotonic() > deadline:
-            raise AssertionError("condition not reached in time")
-        time.sleep(0.02)
 
 
 def test_serves_batches_and_exits_on_sigterm() -> None:
@@ -258,7 +246,6 @@ def test_large_json_tensors_do_not_stall_the_probes_or_other_requests() -> None:
     """A v2 JSON body of millions of numbers takes seconds of CPU to parse and flatten: off the
     event loop, /healthz and a small /predict keep answering while several arrive at once."""
     import numpy as np
-    import orjson
 
     pixels = np.random.default_rng(0).integers(0, 256, (1, 1000, 1000, 3), dtype=np.uint8)
     body = orjson.dumps({"inputs": [{"name": "pixels", "datatype": "UINT8",
@@ -300,7 +287,7 @@ def test_many_large_v2_bodies_stay_within_the_memory_bound() -> None:
     pixels = bytes(range(256)) * (2000 * 2000 * 3 // 256)
     tensor = {"name": "pixels", "datatype": "UINT8", "shape": shape,
               "parameters": {"binary_data_size": len(pixels)}}  # fmt: skip
-    header = orjson_dumps({"inputs": [tensor]})
+    header = orjson.dumps({"inputs": [tensor]})
     body = header + pixels
     queue_bytes = 64 * mib
     env = {
@@ -342,12 +329,6 @@ def test_many_large_v2_bodies_stay_within_the_memory_bound() -> None:
     assert statuses.count(503) >= 1  # the excess of the burst
     grown = (peak - before) * 1024
     assert grown <= 4 * queue_bytes, f"peak RSS grew by {grown / mib:.0f} MiB"
-
-
-def orjson_dumps(value: object) -> bytes:
-    import orjson
-
-    return orjson.dumps(value)
 
 
 def kib(status: Path, field: str) -> int:

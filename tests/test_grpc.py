@@ -21,7 +21,7 @@ from PIL import Image
 
 from benchmarks.servers import UvicornProcess
 from tests import images
-from tests.checks import metric
+from tests.checks import scrape, wait_for
 from tests.repository import colour_repository
 
 grpcclient = pytest.importorskip("tritonclient.grpc")
@@ -93,10 +93,6 @@ def status_of(call: Any) -> Any:
     with pytest.raises(utils.InferenceServerException) as raised:
         call()
     return raised.value.status()
-
-
-def scrape(server: UvicornProcess, name: str) -> float:
-    return metric(httpx.get(f"{server.url}/metrics", timeout=5).text, name)
 
 
 def test_health_and_metadata(client: Any) -> None:
@@ -324,14 +320,6 @@ def test_a_cancelled_call_and_an_expired_deadline_withdraw_their_images() -> Non
         asyncio.run(scenario())
         time.sleep(0.6)  # had they been dispatched, their batches would have finished by now
         assert scrape(server, 'batchserve_batches_total{result="ok"}') == 1
-
-
-def wait_for(condition: Any, timeout: float = 10.0) -> None:
-    deadline = time.monotonic() + timeout
-    while not condition():
-        if time.monotonic() > deadline:
-            raise AssertionError("condition not reached in time")
-        time.sleep(0.02)
 
 
 @pytest.mark.slow

@@ -35,14 +35,15 @@ from app.settings import Settings
 
 logger = logging.getLogger("batchserve")
 
-# The backends ``auto`` may choose on a CPU, in the order that breaks a tie.
-CANDIDATES = {"torch": "torch", "onnxruntime": "onnxruntime", "openvino": "openvino"}
+# The backends ``auto`` may choose on a CPU (each its runtime's module and distribution), in
+# the order that breaks a tie.
+CANDIDATES = ("torch", "onnxruntime", "openvino")
 FOLDER = "backend-choice"
 
 
 def installed() -> list[str]:
     """The backends whose runtime can be imported here."""
-    return [name for name, module in CANDIDATES.items() if importlib.util.find_spec(module)]
+    return [name for name in CANDIDATES if importlib.util.find_spec(name)]
 
 
 def _version(distribution: str) -> str:
@@ -58,7 +59,7 @@ def decision_path(settings: Settings, model_digest: str, rows: int) -> Path:
         "model": settings.model, "weights": model_digest, "precision": settings.precision,
         "compile": settings.compile, "rows": rows, "threads": settings.intra_op_threads,
         "image_size": settings.image_size, "cpu": cpu_model(), "int8_class": this_cpu().name,
-        "versions": {name: _version(name) for name in ("torch", "onnxruntime", "openvino")},
+        "versions": {name: _version(name) for name in CANDIDATES},
         "candidates": installed(),
     }  # fmt: skip
     digest = hashlib.sha256(json.dumps(key, sort_keys=True).encode()).hexdigest()[:20]

@@ -91,7 +91,6 @@ class Predictor:
         self.registry = registry
         self.admission = admission
         self.metrics = metrics
-        self.decode_pool = decode_pool
         self.decoding = PriorityPool(decode_pool, settings.decode_threads)
         # Request bodies (JSON, base64, flattening) are parsed in threads of their own, so that
         # a burst of large ones does not hold the decode threads that every image needs.
@@ -118,24 +117,25 @@ class Predictor:
                                 headers={"Retry-After": "1"})  # fmt: skip
         declared = min(declared_bytes, self.settings.max_image_bytes)
         try:
-            ticket = self.admission.admit(serving.model, declared)
-        except OverloadedError:
-            if not self._displace(serving, priority):
-                self.metrics.on_reject("overloaded", serving.model)
-                raise
             try:
                 ticket = self.admission.admit(serving.model, declared)
             except OverloadedError:
-                self.metrics.on_reject("overloaded", serving.model)
-                raise
+                if not self._displace(serving, priority):
+                    raise
+                ticket = self.admission.admit(serving.model, declared)
+        except OverloadedError:
+            self.metrics.on_reject("overloaded", serving.model)
+            raise
         return Admitted(serving, ticket)
 
     def _displace(self, serving: ModelVersion, priority: int | None) -> bool:
         """Make room for a request of ``priority`` in ``serving``'s model (any version)."""
-        settings = serving.settings
-        if priority is None or not 0 <= priority <= settings.priority_levels:
+        if priority is None:
             return False
-        level = (priority or settings.default_priority) - 1
+        try:
+            level = _level(serving.settings, priority)
+        except InvalidParameterError:
+            return False  # refused as invalid later, where the request's errors are answered
         versions = self.registry.models.get(serving.model, {}).values()
         return any(
             version.batcher is not None and version.batcher.displace_below(level)
@@ -176,12 +176,7 @@ class Predictor:
     def priority_level(self, admitted: Admitted, priority: int | None) -> int:
         """The batcher level of a priority on the protocol's scale: 1 first, up to
         ``PRIORITY_LEVELS``; 0 or None is ``DEFAULT_PRIORITY``."""
-        settings = admitted.version.settings
-        if priority is not None and not 0 <= priority <= settings.priority_levels:
-            raise InvalidParameterError(
-                f"priority must be between 0 (the default) and {settings.priority_levels}"
-            )
-        return (priority or settings.default_priority) - 1
+        return _level(admitted.version.settings, priority)
 
     async def prepare(
         self, admitted: Admitted, inputs: Inputs, level: int | None = None
@@ -278,6 +273,14 @@ async def _gather_or_cancel(
     with contextlib.suppress(asyncio.CancelledError):
         await everything
     raise Cancelled
+
+
+def _level(settings: Settings, priority: int | None) -> int:
+    if priority is not None and not 0 <= priority <= settings.priority_levels:
+        raise InvalidParameterError(
+            f"priority must be between 0 (the default) and {settings.priority_levels}"
+        )
+    return (priority or settings.default_priority) - 1
 
 
 def held_bytes(image: PreparedImage) -> int:
