@@ -238,9 +238,10 @@ class Settings(BaseSettings):
         process = {key: value for key, value in self if key not in MODEL_KEYS}
         return _Explicit(**process, **values)
 
-    def with_backend(self, name: str) -> Settings:
-        """These settings serving ``name`` (BACKEND=auto's candidates and choice)."""
-        return self.model_copy(update={"backend": name})
+    def with_backend(self, name: str, precision: str | None = None) -> Settings:
+        """These settings serving ``name``, in ``precision`` when given (BACKEND=auto's
+        candidates and choice)."""
+        return self.model_copy(update={"backend": name, "precision": precision or self.precision})
 
     @property
     def queue_delay_s(self) -> float:
@@ -278,11 +279,12 @@ class Settings(BaseSettings):
     def batch_config(self, device_type: str) -> BatchConfig:
         """The batcher's configuration for a model on a device of this type (``cpu``, ``cuda``).
 
-        ``MAX_INFLIGHT_BATCHES`` defaults to 2 on CUDA, so that batch N+1 is decoded and copied
-        on its own stream while N computes, and to 1 on a CPU, where decoding already overlaps
-        in the decode threads and a second batch would only compete for the same cores.
+        ``MAX_INFLIGHT_BATCHES`` defaults to 2: on CUDA batch N+1 is decoded and copied on its
+        own stream while N computes; on a CPU a full batch N+1 is normalised into its input
+        while N computes (the engine still runs one forward pass at a time, see
+        ``BatchConfig.serial_execution``), which keeps the cores on the model between batches.
         """
-        inflight = self.max_inflight_batches or (2 if device_type == "cuda" else 1)
+        inflight = self.max_inflight_batches or 2
         return BatchConfig(
             max_batch_size=self.max_batch_size,
             max_queue_delay_s=self.queue_delay_s,

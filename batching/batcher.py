@@ -136,6 +136,7 @@ class DynamicBatcher(Generic[T, R]):
         self._executions: dict[asyncio.Task[None], list[_Request[T, R]]] = {}
         self._wake = asyncio.Event()
         self._wake_count = _NEVER
+        self._last_finished = float("-inf")
         self._loop_task: asyncio.Task[None] | None = None
         self._executor: ThreadPoolExecutor | None = None
         self._closing = False
@@ -524,7 +525,12 @@ class DynamicBatcher(Generic[T, R]):
         finally:
             self._inflight -= 1
             self._wake.set()
-        duration = self._clock.now() - started
+        finished = self._clock.now()
+        if self.config.serial_execution:
+            # Dispatched ahead, it waited for the batch before it: that wait is not its own.
+            started = max(started, self._last_finished)
+            self._last_finished = finished
+        duration = finished - started
         if error is None:
             self.timings.observe(len(batch), duration)
         self._observer.on_complete(len(batch), duration, error)

@@ -20,6 +20,11 @@ class BatchConfig:
     (``default_priority`` when they say nothing); a batch is filled from level 0 down, first
     come first served within a level. There is no starvation guard: under sustained overload
     of a higher level, lower levels wait (and meet their deadlines).
+    ``serial_execution``: the device runs one batch at a time (a CPU), so a second batch in
+    flight only gets ready ahead (normalised into its input while the first computes). It is
+    dispatched only when full, so it never takes requests that the next batch, formed when the
+    device is free, would have carried; its execution time counts from the end of the batch
+    before it.
     """
 
     max_batch_size: int = 32
@@ -31,6 +36,7 @@ class BatchConfig:
     dispatch_when_idle: bool = True
     priority_levels: int = 1
     default_priority: int = 0
+    serial_execution: bool = False
 
     def __post_init__(self) -> None:
         if self.max_batch_size < 1:

@@ -35,6 +35,9 @@ def decide(
     cap = config.max_batch_size
     if waiting >= cap:
         return Decision(cap)
+    if config.serial_execution and inflight > 0:
+        # Only a full batch is worth getting ready ahead; a finishing batch wakes the batcher.
+        return Decision(0, wake_count=cap)
     if closing:
         # Nothing new will arrive: waiting can only add latency.
         return Decision(waiting)

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import os
 import signal
 import socket
@@ -11,6 +12,7 @@ import tempfile
 import time
 from pathlib import Path
 from types import TracebackType
+from typing import Self
 
 import httpx
 
@@ -24,59 +26,45 @@ def free_port() -> int:
         return port
 
 
-class UvicornProcess:
-    """``python -m uvicorn <app>`` with ``BATCHSERVE_*`` settings from ``env``.
-
-    Ready when ``ready_path`` answers 200.
-    """
+class ServerProcess:
+    """A server started as ``command`` in its own process group, ready when ``url`` +
+    ``ready_path`` answers 200; ``stop`` kills the whole group (servers that fork workers)."""
 
     def __init__(
         self,
-        env: dict[str, str],
+        command: list[str],
+        url: str,
+        env: dict[str, str] | None = None,
         startup_timeout: float = 120.0,
-        app: str = "app.main:app",
         ready_path: str = "/readyz",
     ) -> None:
-        self.port = free_port()
-        self.url = f"http://127.0.0.1:{self.port}"
-        # gRPC on a port of its own too (``env`` may say otherwise, 0 to turn it off).
-        self.grpc_port = int(env.get("BATCHSERVE_GRPC_PORT", free_port()))
-        self.grpc_target = f"127.0.0.1:{self.grpc_port}"
-        # The torch backend unless the environment or ``env`` names one: BACKEND=auto would
-        # measure every runtime at each fresh start (and export what the tests' models cannot
-        # run, like a sleep).
-        self._env = {
-            "BATCHSERVE_BACKEND": "torch", **os.environ, "PYTHONPATH": str(ROOT),
-            "BATCHSERVE_GRPC_PORT": str(self.grpc_port), **env,
-        }  # fmt: skip
+        self.command = command
+        self.url = url
+        self._env = env
         self._startup_timeout = startup_timeout
-        self._app = app
         self._ready_path = ready_path
         self.process: subprocess.Popen[bytes] | None = None
         # A file, not a pipe: an unread pipe fills up and blocks the server's logging.
         self._log = tempfile.TemporaryFile()  # noqa: SIM115 - closed in stop()
 
-    def __enter__(self) -> UvicornProcess:
+    def __enter__(self) -> Self:
         self.start()
         return self.wait_ready()
 
-    def start(self) -> UvicornProcess:
+    def start(self) -> Self:
         """Spawn the process without waiting (start several, then wait for each)."""
-        command = [
-            sys.executable, "-m", "uvicorn", self._app,
-            "--host", "127.0.0.1", "--port", str(self.port), "--no-access-log",
-        ]  # fmt: skip
         self.process = subprocess.Popen(
-            command, cwd=ROOT, env=self._env, stdout=self._log, stderr=subprocess.STDOUT
-        )
+            self.command, cwd=ROOT, env=self._env, stdout=self._log, stderr=subprocess.STDOUT,
+            start_new_session=True,
+        )  # fmt: skip
         return self
 
-    def wait_ready(self) -> UvicornProcess:
+    def wait_ready(self) -> Self:
         assert self.process is not None, "start() first"
         deadline = time.monotonic() + self._startup_timeout
         while time.monotonic() < deadline:
             if self.process.poll() is not None:
-                raise RuntimeError(f"uvicorn exited early:\n{self.read_output()}")
+                raise RuntimeError(f"{self.command[0]} exited early:\n{self.read_output()}")
             try:
                 if httpx.get(f"{self.url}{self._ready_path}", timeout=1).status_code == 200:
                     return self
@@ -84,7 +72,7 @@ class UvicornProcess:
                 pass
             time.sleep(0.1)
         self.stop()
-        raise RuntimeError(f"uvicorn did not become ready:\n{self.read_output()}")
+        raise RuntimeError(f"{self.command} did not become ready:\n{self.read_output()}")
 
     def __exit__(
         self,
@@ -104,10 +92,43 @@ class UvicornProcess:
 
     def stop(self) -> None:
         if self.process is not None and self.process.poll() is None:
-            self.process.kill()
+            with contextlib.suppress(ProcessLookupError):
+                os.killpg(self.process.pid, signal.SIGKILL)
             self.process.wait(timeout=10)
         self._log.close()
 
     def read_output(self) -> str:
         self._log.seek(0)
         return self._log.read().decode(errors="replace")
+
+
+class UvicornProcess(ServerProcess):
+    """``python -m uvicorn <app>`` with ``BATCHSERVE_*`` settings from ``env``.
+
+    Ready when ``ready_path`` answers 200.
+    """
+
+    def __init__(
+        self,
+        env: dict[str, str],
+        startup_timeout: float = 120.0,
+        app: str = "app.main:app",
+        ready_path: str = "/readyz",
+    ) -> None:
+        self.port = free_port()
+        # gRPC on a port of its own too (``env`` may say otherwise, 0 to turn it off).
+        self.grpc_port = int(env.get("BATCHSERVE_GRPC_PORT", free_port()))
+        self.grpc_target = f"127.0.0.1:{self.grpc_port}"
+        # The torch backend unless the environment or ``env`` names one: BACKEND=auto would
+        # measure every runtime at each fresh start (and export what the tests' models cannot
+        # run, like a sleep).
+        full_env = {
+            "BATCHSERVE_BACKEND": "torch", **os.environ, "PYTHONPATH": str(ROOT),
+            "BATCHSERVE_GRPC_PORT": str(self.grpc_port), **env,
+        }  # fmt: skip
+        command = [
+            sys.executable, "-m", "uvicorn", app,
+            "--host", "127.0.0.1", "--port", str(self.port), "--no-access-log",
+        ]  # fmt: skip
+        super().__init__(command, f"http://127.0.0.1:{self.port}", full_env, startup_timeout,
+                         ready_path)  # fmt: skip

@@ -32,7 +32,7 @@ end
 function request()
   counter = counter + 1
   local body = bodies[(counter % #bodies) + 1]
-  return wrk.format("POST", "/predict", {["Content-Type"] = "image/jpeg"}, body)
+  return wrk.format("POST", "/predict", {["Content-Type"] = "CONTENT_TYPE"}, body)
 end
 function done(summary, latency, requests)
   local e = summary.errors
@@ -46,6 +46,18 @@ end
 """
 
 
+_BOUNDARY = "batchserve-benchmark-boundary"
+
+
+def form_body(image: bytes) -> bytes:
+    """``image`` as the one file field ``file`` of a multipart/form-data body."""
+    head = (
+        f'--{_BOUNDARY}\r\nContent-Disposition: form-data; name="file"; filename="image.jpg"'
+        f"\r\nContent-Type: image/jpeg\r\n\r\n"
+    )
+    return head.encode() + image + f"\r\n--{_BOUNDARY}--\r\n".encode()
+
+
 def scrape(url: str) -> Samples:
     """The server's metrics, or nothing when it has none (a baseline server)."""
     return from_response(httpx.get(f"{url}/metrics"))
@@ -56,16 +68,21 @@ def available() -> bool:
 
 
 def run(url: str, images: list[bytes], concurrency: int, warmup_s: float, duration_s: float,
-        timeout_s: float = 60.0, target: str = "/predict") -> dict[str, Any]:  # fmt: skip
+        timeout_s: float = 60.0, target: str = "/predict", multipart: bool = False,
+        ) -> dict[str, Any]:  # fmt: skip
     """Warm up, then measure ``duration_s`` with ``concurrency`` connections posting to
-    ``target`` (e.g. ``/predict?model=resnet18``)."""
+    ``target`` (e.g. ``/predict?model=resnet18``): each image as the raw ``image/jpeg`` body,
+    or with ``multipart`` as the form field ``file`` (what servers without a raw-body route,
+    such as LitServe's, read)."""
     with tempfile.TemporaryDirectory() as folder:
         root = Path(folder)
-        (root / "load.lua").write_text(_SCRIPT.replace('"/predict"', json.dumps(target)))
+        content_type = f"multipart/form-data; boundary={_BOUNDARY}" if multipart else "image/jpeg"
+        script = _SCRIPT.replace('"/predict"', json.dumps(target))
+        (root / "load.lua").write_text(script.replace("CONTENT_TYPE", content_type))
         paths = []
         for index, data in enumerate(images):
             path = root / f"{index:04d}.jpg"
-            path.write_bytes(data)
+            path.write_bytes(form_body(data) if multipart else data)
             paths.append(str(path))
 
         def wrk(seconds: float) -> dict[str, Any]:

@@ -341,6 +341,34 @@ async def test_next_batch_is_formed_while_one_runs_but_never_above_the_limit() -
     await batcher.aclose()
 
 
+async def test_serial_execution_gets_only_a_full_batch_ready_ahead() -> None:
+    clock = ManualClock()
+    run = GatedRun()
+    timings = ExecutionTimeModel()
+    batcher, recorder = make(
+        run, clock, timings=timings, max_batch_size=2, max_inflight_batches=2,
+        max_queue_delay_s=0.0, dispatch_when_idle=True, serial_execution=True,
+    )  # fmt: skip
+    first = asyncio.ensure_future(batcher.submit(1))
+    await run.wait_started(1)
+    second = asyncio.ensure_future(batcher.submit(2))
+    clock.advance(5 * MS)  # its window is long over: still not worth getting ready ahead
+    await settle()
+    assert recorder.dispatched == [1]
+    third = asyncio.ensure_future(batcher.submit(3))
+    await run.wait_started(2)  # a full batch is
+    assert recorder.dispatched == [1, 2]
+    clock.advance(5 * MS)
+    run.release(0)
+    assert await first == 10
+    clock.advance(3 * MS)
+    run.release(1)
+    assert [await second, await third] == [20, 30]
+    # Its own time runs from the end of the batch before it: 3 ms, not the 8 ms since dispatch.
+    assert timings.estimate(2) == pytest.approx(3 * MS)
+    await batcher.aclose()
+
+
 async def test_slo_dispatches_early_when_waiting_would_miss_it() -> None:
     clock = ManualClock()
     timings = ExecutionTimeModel()

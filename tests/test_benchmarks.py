@@ -15,6 +15,7 @@ from benchmarks import accuracy, gpu_check, offline, sweep
 from benchmarks.corpus import generate, load
 from benchmarks.loadgen import LoadSpec, run
 from benchmarks.promtext import ServerDelta, parse
+from tests import images
 from tests.conftest import COLOR_MODEL, make_settings, serve
 
 
@@ -157,3 +158,15 @@ def test_gpu_check_runs_degraded_without_cuda(tmp_path: Path) -> None:
     assert {row["batch_size"] for row in data["offline"]} == {1, 4}
     assert data["served"]["ok"] > 0
     assert (tmp_path / "gpu_check_trace.json").stat().st_size > 0
+
+
+async def test_the_multipart_body_the_peer_benchmark_sends_is_one_file_field() -> None:
+    from benchmarks.wrk import _BOUNDARY, form_body
+
+    image = images.jpeg(images.solid((200, 30, 30)))
+    headers = {"content-type": f"multipart/form-data; boundary={_BOUNDARY}"}
+    async with serve(make_settings()) as (_, client):
+        raw = await client.post("/predict", content=image, headers={"content-type": "image/jpeg"})
+        form = await client.post("/predict", content=form_body(image), headers=headers)
+    assert form.status_code == 200, form.text
+    assert form.json()["predictions"] == raw.json()["predictions"]

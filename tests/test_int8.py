@@ -215,6 +215,35 @@ def test_passed_true_is_never_believed_over_the_figures(artefacts: Path, tmp_pat
         build_engine(settings, settings.batch_config("cpu"))
 
 
+def test_auto_lets_a_gated_int8_model_compete_and_never_an_ungated_one(
+    artefacts: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from app.engine import choice
+
+    # Measured rates made up so that INT8 wins: the choice, not the CPU, is under test.
+    monkeypatch.setattr(
+        choice, "images_per_second",
+        lambda backend, *args: 100.0 if backend.precision == "int8" else 10.0,
+    )  # fmt: skip
+    settings = make_settings(model=CONV_MODEL, backend="auto", precision="auto",
+                             artifacts_dir=artefacts.parent.parent)  # fmt: skip
+    engine = build_engine(settings, settings.batch_config("cpu"))
+    assert (engine.backend.name, engine.precision) == ("onnxruntime", "int8")
+    decision = engine.backend.describe()["auto"]
+    assert decision["precision"] == "int8"
+    assert set(decision["rates"]) == {"torch", "onnxruntime", "openvino", "onnxruntime int8"}
+    assert engine.backend.describe()["int8_gate"]["passed"]
+    again = build_engine(settings, settings.batch_config("cpu"))  # kept: not measured again
+    assert again.backend.describe()["auto"]["reused"]
+    assert (again.backend.name, again.precision) == ("onnxruntime", "int8")
+
+    # A gate that fails here: the INT8 model is no candidate (and a new decision is made).
+    edit_report(artefacts, confident_top1_agreement=0.5)
+    engine = build_engine(settings, settings.batch_config("cpu"))
+    assert engine.precision != "int8"
+    assert not any(name.endswith(" int8") for name in engine.backend.describe()["auto"]["rates"])
+
+
 def test_int8_slower_than_fp32_is_not_served(artefacts: Path, tmp_path: Path) -> None:
     edit_report(artefacts, images_per_second=10.0, fp32_images_per_second=20.0)
     settings = int8_settings(tmp_path, "onnxruntime")

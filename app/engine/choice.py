@@ -8,6 +8,11 @@ artefact if needed) and its forward pass timed at the warm-up batch size; the fa
 served, after its start-up check like any runtime. The decision is kept beside the artefacts,
 keyed by what it depends on, so that later starts build only the chosen backend. On a GPU the
 PyTorch backend (CUDA graphs, fp16, device decoding) stays the choice.
+
+INT8 joins the candidates only through its accuracy gate: with ``PRECISION=auto``, the INT8
+model of a runtime competes when one was built (``python -m app.quantize``) and its gate
+passes here; with ``PRECISION=int8`` only the INT8 runtimes compete (built at start-up from
+``CALIBRATION_DIR`` when it is set). An ungated INT8 model is never chosen automatically.
 """
 
 from __future__ import annotations
@@ -38,7 +43,24 @@ logger = logging.getLogger("batchserve")
 # The backends ``auto`` may choose on a CPU (each its runtime's module and distribution), in
 # the order that breaks a tie.
 CANDIDATES = ("torch", "onnxruntime", "openvino")
+INT8_RUNTIMES = ("onnxruntime", "openvino")
 FOLDER = "backend-choice"
+
+
+def label(backend: str, precision: str) -> str:
+    """A candidate's name in the rates: ``openvino``, or ``openvino int8`` for its INT8 model."""
+    return f"{backend} int8" if precision == "int8" else backend
+
+
+def candidates(precision: str, int8_ready: list[str]) -> list[tuple[str, str]]:
+    """(backend, precision) pairs to measure: the installed backends in ``precision``, and
+    the INT8 models of ``int8_ready`` (runtimes whose gated INT8 model passes here)."""
+    if precision == "int8":
+        return [(name, "int8") for name in installed() if name in INT8_RUNTIMES]
+    pairs = [(name, precision) for name in installed()]
+    if precision == "auto":
+        pairs += [(name, "int8") for name in int8_ready]
+    return pairs
 
 
 def installed() -> list[str]:
@@ -53,14 +75,15 @@ def _version(distribution: str) -> str:
         return "-"
 
 
-def decision_path(settings: Settings, model_digest: str, rows: int) -> Path:
-    """Where the choice for this model, its settings, this CPU and these versions is kept."""
+def decision_path(settings: Settings, model_digest: str, rows: int, int8_ready: list[str]) -> Path:
+    """Where the choice for this model, its settings, this CPU, these versions and these INT8
+    models is kept."""
     key = {
         "model": settings.model, "weights": model_digest, "precision": settings.precision,
         "compile": settings.compile, "rows": rows, "threads": settings.intra_op_threads,
         "image_size": settings.image_size, "cpu": cpu_model(), "int8_class": this_cpu().name,
         "versions": {name: _version(name) for name in CANDIDATES},
-        "candidates": installed(),
+        "candidates": installed(), "int8_ready": sorted(int8_ready),
     }  # fmt: skip
     digest = hashlib.sha256(json.dumps(key, sort_keys=True).encode()).hexdigest()[:20]
     return settings.artifacts_dir / FOLDER / f"{digest}.json"
@@ -72,39 +95,52 @@ def choose_backend(
     model_digest: str,
     input_shape: tuple[int, int, int],
     rows: int,
-    build: Callable[[str], Backend],
+    build: Callable[[str, str], Backend],
+    int8_ready: Callable[[str], bool],
 ) -> tuple[Backend, dict[str, Any]]:
-    """The backend to serve and why: ``build(name)`` makes one (with its artefact)."""
+    """The backend to serve and why: ``build(name, precision)`` makes one (with its
+    artefact); ``int8_ready(name)`` says whether that runtime's INT8 model exists and passes
+    its gate here (without building one)."""
     if device.type == "cuda":
-        return build("torch"), {"chosen": "torch", "reason": "on a GPU, PyTorch is the design"}
-    if settings.precision == "int8":
-        raise StartupError(
-            "BACKEND=auto does not choose an INT8 runtime: name BACKEND=onnxruntime or "
-            "BACKEND=openvino with PRECISION=int8"
-        )
-    path = decision_path(settings, model_digest, rows)
+        return build("torch", settings.precision), {
+            "chosen": "torch", "precision": settings.precision,
+            "reason": "on a GPU, PyTorch is the design",
+        }  # fmt: skip
+    ready = (
+        [name for name in installed() if name in INT8_RUNTIMES and int8_ready(name)]
+        if settings.precision == "auto" else []
+    )  # fmt: skip
+    path = decision_path(settings, model_digest, rows, ready)
     kept = read_json(path)
     if kept is not None and kept.get("chosen") in installed():
-        chosen = str(kept["chosen"])
-        logger.info("backend auto: %s, measured before (%s)", chosen, _rates(kept["rates"]))
-        return build(chosen), {**kept, "reused": True}
+        chosen, precision = str(kept["chosen"]), str(kept.get("precision", settings.precision))
+        logger.info("backend auto: %s, measured before (%s)", label(chosen, precision),
+                    _rates(kept["rates"]))  # fmt: skip
+        return build(chosen, precision), {**kept, "reused": True}
     best: Backend | None = None
+    best_label = ""
     rates: dict[str, float] = {}
-    for name in installed():
+    for name, precision in candidates(settings.precision, ready):
         try:
-            backend = build(name)
+            backend = build(name, precision)
         except StartupError as exc:  # a runtime that cannot serve this model is no candidate
-            logger.warning("backend auto: %s cannot serve this model: %s", name, exc)
+            logger.warning("backend auto: %s cannot serve this model: %s",
+                           label(name, precision), exc)  # fmt: skip
             continue
-        rates[name] = images_per_second(backend, input_shape, rows)
-        if best is None or rates[name] > rates[best.name]:
-            best = backend  # the one it beats goes: one model in memory besides the best
+        key = label(name, precision)
+        rates[key] = images_per_second(backend, input_shape, rows)
+        if best is None or rates[key] > rates[best_label]:
+            best, best_label = backend, key  # the one it beats goes: one model besides the best
         del backend
         gc.collect()
     if best is None:
-        raise StartupError("BACKEND=auto: no installed backend can serve this model")
+        raise StartupError(
+            f"BACKEND=auto: no installed backend can serve this model in "
+            f"PRECISION={settings.precision}"
+        )
     decision = {
         "chosen": best.name,
+        "precision": "int8" if best_label.endswith(" int8") else settings.precision,
         "rates": rates,
         "rows": rows,
         "measured_at": dt.datetime.now(dt.UTC).isoformat(timespec="seconds"),
@@ -112,7 +148,7 @@ def choose_backend(
     }
     path.parent.mkdir(parents=True, exist_ok=True)
     write_json(path, decision)
-    logger.info("backend auto: %s (measured %s images/s at batch %d)", best.name,
+    logger.info("backend auto: %s (measured %s images/s at batch %d)", best_label,
                 _rates(rates), rows)  # fmt: skip
     return best, decision
 

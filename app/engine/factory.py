@@ -79,11 +79,13 @@ def build_engine(
         backend, choice = choose_backend(
             settings, device, loaded_digest(loaded), input_shape(loaded),
             min(8, config.max_batch_size),
-            lambda name: _build_backend(settings.with_backend(name), loaded, device, config,
-                                        own_copy=True),
+            lambda name, precision: _build_backend(
+                settings.with_backend(name, precision), loaded, device, config, own_copy=True
+            ),
+            lambda name: int8_ready(settings.with_backend(name, "int8"), loaded),
         )  # fmt: skip
         backend.choice = choice
-        settings = settings.with_backend(backend.name)
+        settings = settings.with_backend(backend.name, choice["precision"])
     else:
         backend = _build_backend(settings, loaded, device, config)
     engine = InferenceEngine(
@@ -227,14 +229,28 @@ def ensure_openvino(root: Path, loaded: LoadedModel, precision: str) -> Path:
     return path
 
 
+def int8_artifact(settings: Settings, loaded: LoadedModel) -> Path | None:
+    """The INT8 model of this backend built for these weights, if there is one."""
+    filename = OPENVINO_FILE if settings.backend == "openvino" else ONNX_FILE
+    return find(settings.artifacts_dir, int8_key(loaded, settings.backend), filename)
+
+
+def int8_ready(settings: Settings, loaded: LoadedModel) -> bool:
+    """True when this backend's INT8 model exists and its accuracy gate passes here (nothing
+    is built: what ``BACKEND=auto`` may choose with ``PRECISION=auto``)."""
+    from app.engine.quantize import judge_stored
+
+    path = int8_artifact(settings, loaded)
+    return path is not None and bool(judge_stored(settings, loaded, path)["passed"])
+
+
 def gated_int8(settings: Settings, loaded: LoadedModel) -> tuple[Path, dict[str, Any]]:
     """The INT8 artefact for this backend, only if its accuracy report holds here (see
     ``int8_report``), with what ``/v1/models`` shows of the report."""
     from app.engine.quantize import build_int8, judge_stored
 
-    filename = OPENVINO_FILE if settings.backend == "openvino" else ONNX_FILE
     key = int8_key(loaded, settings.backend)
-    path = find(settings.artifacts_dir, key, filename)
+    path = int8_artifact(settings, loaded)
     if settings.calibration_dir is not None:  # built now unless made from these images
         path = build_int8(settings, loaded, settings.calibration_dir)
     if path is None:

@@ -8,6 +8,7 @@ request it accepted, closes its batcher and lets its engine go.
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import enum
 import gc
 import logging
@@ -72,6 +73,8 @@ class ModelVersion:
         except BaseException as exc:
             self.state, self.reason = VersionState.UNAVAILABLE, f"failed to load: {exc}"
             raise
+        if engine.device.type == "cpu" and engine.backend.serialized:
+            config = dataclasses.replace(config, serial_execution=True)
         timings = ExecutionTimeModel()
         for size, seconds in warmup.items():
             timings.observe(size, seconds)

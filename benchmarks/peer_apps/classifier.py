@@ -1,0 +1,48 @@
+"""The model and preprocessing every peer serves: a torchvision classifier with random weights
+(as batchserve's throughput benchmarks use) and torchvision's usual ImageNet transforms."""
+
+from __future__ import annotations
+
+import io
+import os
+from typing import Any
+
+import torch
+import torchvision
+from PIL import Image
+from torchvision import transforms
+
+MODEL = os.environ.get("PEER_MODEL", "resnet18")
+PORT = int(os.environ.get("PEER_PORT", "8000"))
+MAX_BATCH_SIZE = int(os.environ.get("PEER_MAX_BATCH_SIZE", "8"))
+BATCH_TIMEOUT_S = float(os.environ.get("PEER_BATCH_TIMEOUT_S", "0.01"))
+
+TRANSFORM = transforms.Compose(
+    [
+        transforms.Resize(256),
+        transforms.CenterCrop(224),
+        transforms.ToTensor(),
+        transforms.Normalize(mean=[0.485, 0.456, 0.406], std=[0.229, 0.224, 0.225]),
+    ]
+)
+
+
+def build() -> torch.nn.Module:
+    model: torch.nn.Module = getattr(torchvision.models, MODEL)(weights=None)
+    return model.eval()
+
+
+def to_tensor(data: bytes) -> torch.Tensor:
+    with Image.open(io.BytesIO(data)) as image:
+        tensor: torch.Tensor = TRANSFORM(image.convert("RGB"))
+        return tensor
+
+
+def classify(model: torch.nn.Module, batch: torch.Tensor) -> list[dict[str, Any]]:
+    """Top-5 classes of each image in ``batch``."""
+    with torch.inference_mode():
+        scores, indices = model(batch).softmax(dim=1).topk(5)
+    return [
+        {"predictions": [{"index": i, "score": s} for i, s in zip(row_i, row_s, strict=True)]}
+        for row_i, row_s in zip(indices.tolist(), scores.tolist(), strict=True)
+    ]

@@ -1,0 +1,237 @@
+"""batchserve beside the servers users would otherwise pick: LitServe and Ray Serve.
+
+Same model (torchvision's, random weights), same images, same load (wrk, multipart field
+``file``, which every server reads), fresh processes, one server at a time, rounds interleaved.
+Each peer runs in a virtual environment of its own under ``.peers/`` (made on the first run:
+``pip install`` of the pinned release below, with torch and torchvision taken from
+batchserve's environment through a ``.pth`` line, so the same torch build runs everywhere and
+the peers' own dependencies come first on their path). The peers are written as their
+documentation shows (``benchmarks/peer_apps``) with the same batch size as batchserve.
+
+Usage: ``python -m benchmarks.peer_servers --model resnet18 --rounds 3``
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import subprocess
+import sys
+import sysconfig
+import tempfile
+import time
+from contextlib import ExitStack
+from pathlib import Path
+from typing import Any
+
+import httpx
+
+from benchmarks import wrk
+from benchmarks.backends import prepare_artifacts
+from benchmarks.common import machine, machine_markdown, median, table, write_results
+from benchmarks.compare import server_env, variants
+from benchmarks.corpus import corpus, generate
+from benchmarks.servers import ROOT, ServerProcess, UvicornProcess, free_port
+
+PEERS_DIR = ROOT / ".peers"
+# What each peer's environment installs, and how its server starts and says it is ready.
+PEERS = {
+    "litserve": {"install": ["litserve==0.2.19"], "module": "litserve_app",
+                 "ready": "/health"},
+    "rayserve": {"install": ["ray[serve]==2.60.0"], "module": "rayserve_app",
+                 "ready": "/-/healthz"},
+}  # fmt: skip
+BATCHSERVE = [
+    "batchserve fp32:precision=fp32",
+    "batchserve int8:backend=openvino,precision=int8",
+]
+
+
+def peer_python(name: str) -> Path:
+    """The peer's environment, made when missing."""
+    venv = PEERS_DIR / name
+    python = venv / "bin" / "python"
+    if not python.exists():
+        subprocess.run([sys.executable, "-m", "venv", str(venv)], check=True)
+        subprocess.run(
+            [str(python), "-m", "pip", "install", "-q", *PEERS[name]["install"]], check=True
+        )
+        site = subprocess.run(
+            [str(python), "-c", "import sysconfig; print(sysconfig.get_path('purelib'))"],
+            capture_output=True, text=True, check=True,
+        ).stdout.strip()  # fmt: skip
+        # Appended after the peer's own packages: torch, torchvision and their libraries.
+        Path(site, "batchserve-torch.pth").write_text(sysconfig.get_path("purelib") + "\n")
+    return python
+
+
+def peer_server(name: str, model: str, batch_size: int) -> ServerProcess:
+    port = free_port()
+    env = {
+        **os.environ, "PYTHONPATH": str(ROOT), "PEER_MODEL": model, "PEER_PORT": str(port),
+        "PEER_MAX_BATCH_SIZE": str(batch_size),
+    }  # fmt: skip
+    command = [str(peer_python(name)), "-m", f"benchmarks.peer_apps.{PEERS[name]['module']}"]
+    ready = str(PEERS[name]["ready"])
+    return ServerProcess(command, f"http://127.0.0.1:{port}", env, 300.0, ready)
+
+
+def first_answer(url: str, image: bytes, timeout_s: float = 120.0) -> None:
+    """Until one real prediction answers 200 (a peer's health route can answer before its
+    model is deployed)."""
+    deadline = time.monotonic() + timeout_s
+    while True:
+        try:
+            files = {"file": ("image.jpg", image, "image/jpeg")}
+            if httpx.post(f"{url}/predict", files=files, timeout=30).status_code == 200:
+                return
+        except httpx.TransportError:
+            pass
+        if time.monotonic() > deadline:
+            raise RuntimeError(f"{url} gave no answer in {timeout_s} s")
+        time.sleep(0.2)
+
+
+def measure(server: ServerProcess, images: list[bytes], args: argparse.Namespace) -> dict[str, Any]:
+    with server:
+        first_answer(server.url, images[0])
+        many = wrk.run(server.url, images, args.clients, args.warmup, args.duration, multipart=True)
+        one = wrk.run(server.url, images, 1, args.warmup, args.duration, multipart=True)
+    if many["errors"] or one["errors"]:
+        print(f"    errors: {many['errors']} {one['errors']}", flush=True)
+    return {
+        "throughput": many["throughput"], "p50_ms": many["latency_ms"]["p50"],
+        "p99_ms": many["latency_ms"]["p99"], "one_client_p50_ms": one["latency_ms"]["p50"],
+        "one_client_p99_ms": one["latency_ms"]["p99"],
+        "errors": sum(many["errors"].values()) + sum(one["errors"].values()),
+    }  # fmt: skip
+
+
+def run(args: argparse.Namespace) -> dict[str, Any]:
+    images = corpus(args.images, 64)
+    stack = ExitStack()
+    scratch = Path(stack.enter_context(tempfile.TemporaryDirectory()))
+    calibration = scratch / "calibration"
+    calibration.mkdir()
+    for index, data in enumerate(generate(32, seed=500)):
+        (calibration / f"{index}.jpg").write_bytes(data)
+    shared = {
+        **server_env(args.model, "fp32", args.batch_size),
+        "BATCHSERVE_BACKEND": "auto",
+        "BATCHSERVE_ARTIFACTS_DIR": str(scratch / "artifacts"),
+        "BATCHSERVE_CALIBRATION_DIR": str(calibration),
+        # Random weights cannot pass a meaningful gate: INT8 here is for throughput only.
+        "BATCHSERVE_ALLOW_UNGATED_INT8": "true",
+    }
+    ours = {name: {**shared, **settings} for name, settings in variants(args.configs).items()}
+    for name in args.peers:
+        peer_python(name)
+    samples: dict[str, list[dict[str, Any]]] = {}
+    with stack:
+        prepare_artifacts(args.model, args.batch_size, ours)
+        # One start each before the rounds: BACKEND=auto measures once and keeps its choice.
+        for settings in ours.values():
+            with UvicornProcess(settings, startup_timeout=600):
+                pass
+        for round_index in range(args.rounds):
+            print(f"round {round_index + 1}/{args.rounds}", flush=True)
+            servers: dict[str, ServerProcess] = {
+                name: UvicornProcess(settings) for name, settings in ours.items()
+            }
+            servers |= {name: peer_server(name, args.model, args.batch_size) for name in args.peers}
+            for name, server in servers.items():
+                sample = measure(server, images, args)
+                samples.setdefault(name, []).append(sample)
+                print(f"  {name}: {sample['throughput']:.1f} images/s @{args.clients}, "
+                      f"p50 @1 {sample['one_client_p50_ms']:.1f} ms", flush=True)  # fmt: skip
+    medians = {
+        name: {key: median([sample[key] for sample in rows]) for key in rows[0]}
+        for name, rows in samples.items()
+    }
+    return {
+        "machine": machine(), "model": args.model, "batch_size": args.batch_size,
+        "clients": args.clients, "rounds": args.rounds, "duration_s": args.duration,
+        "configs": args.configs, "peers": {name: PEERS[name]["install"] for name in args.peers},
+        "medians": medians, "ratios": ratios(medians, args.peers), "samples": samples,
+    }  # fmt: skip
+
+
+def ratios(medians: dict[str, dict[str, float]], peers: list[str]) -> dict[str, float]:
+    """Each batchserve configuration against each peer: throughput, and one-client p50."""
+    result = {}
+    for ours in (name for name in medians if name not in peers):
+        for peer in peers:
+            result[f"{ours} vs {peer} images/s"] = (
+                medians[ours]["throughput"] / medians[peer]["throughput"]
+            )
+            result[f"{ours} vs {peer} one-client p50"] = (
+                medians[ours]["one_client_p50_ms"] / medians[peer]["one_client_p50_ms"]
+            )
+    return result
+
+
+def markdown(data: dict[str, Any]) -> str:
+    rows = [
+        [name, m["throughput"], m["p50_ms"], m["p99_ms"], m["one_client_p50_ms"],
+         m["one_client_p99_ms"], m["errors"]]
+        for name, m in data["medians"].items()
+    ]  # fmt: skip
+    peers = ", ".join(" ".join(spec) for spec in data["peers"].values())
+    return f"""# batchserve beside LitServe and Ray Serve: {data["model"]}
+
+`python -m benchmarks.peer_servers --model {data["model"]} --batch-size {data["batch_size"]} \\
+--clients {data["clients"]} --rounds {data["rounds"]}`. Medians of {data["rounds"]} interleaved
+rounds, a fresh process for every server in every round, {data["duration_s"]} s per load after
+a warm-up; wrk on the same machine posting the same images as multipart field `file`.
+batchserve: {", ".join(data["configs"])} (fp32 on `BACKEND=auto`; INT8 built from random
+weights and served ungated, for throughput only). Peers ({peers}) written as their
+documentation shows (`benchmarks/peer_apps`): eager torchvision model, torchvision transforms,
+dynamic batching with the same batch size and a 10 ms window.
+
+{
+        table(
+            [
+                "server",
+                f"images/s @{data['clients']}",
+                "p50 ms",
+                "p99 ms",
+                "p50 ms @1",
+                "p99 ms @1",
+                "errors",
+            ],
+            rows,
+        )
+    }
+
+{table(["ratio", "value"], [[name, value] for name, value in data["ratios"].items()])}
+
+## Machine
+
+{machine_markdown(data["machine"])}
+"""
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--model", default="resnet18")
+    parser.add_argument("--batch-size", type=int, default=8)
+    parser.add_argument("--clients", type=int, default=64)
+    parser.add_argument("--rounds", type=int, default=3)
+    parser.add_argument("--duration", type=float, default=10.0)
+    parser.add_argument("--warmup", type=float, default=3.0)
+    parser.add_argument("--images", type=Path)
+    parser.add_argument("--configs", nargs="*", default=BATCHSERVE,
+                        help="batchserve servers: name:setting=value,...")  # fmt: skip
+    parser.add_argument("--peers", nargs="*", default=list(PEERS), choices=list(PEERS))
+    parser.add_argument("--name", help="results/<name>.md (default: peers-<model>)")
+    args = parser.parse_args()
+    data = run(args)
+    text = markdown(data)
+    print(text)
+    write_results(args.name or f"peers-{args.model}", data, text)
+    print(json.dumps(data["ratios"], indent=1))
+
+
+if __name__ == "__main__":
+    main()
