@@ -295,6 +295,8 @@ class Settings(BaseSettings):
             dispatch_when_idle=self.dispatch_when_idle,
             priority_levels=self.priority_levels,
             default_priority=self.default_priority - 1,
+            # The version turns it off for a CPU backend that runs batches side by side.
+            serial_execution=device_type != "cuda",
         )
 
 

@@ -1,10 +1,10 @@
 """How the batcher behaves with the settings' defaults on a CPU, where it matters most.
 
-``MAX_INFLIGHT_BATCHES=1`` and ``DISPATCH_WHEN_IDLE=true``: the batcher only ever decides
-when the device is idle, and then an idle device gains nothing from waiting, so everything
-waiting leaves at once (up to the cap). The window, preferred sizes and the latency SLO never
-delay a batch in this configuration; they act only while a batch runs and a slot is free
-(``MAX_INFLIGHT_BATCHES`` of 2 or more), or with ``DISPATCH_WHEN_IDLE=false``.
+``DISPATCH_WHEN_IDLE=true`` and serial execution: an idle device gains nothing from waiting,
+so everything waiting leaves at once (up to the cap); while a batch runs, the second slot only
+takes a full batch, to get it ready ahead. The window, preferred sizes and the latency SLO
+never delay a batch in this configuration; they act only while a batch runs and a slot is
+free on a device that runs batches side by side (CUDA), or with ``DISPATCH_WHEN_IDLE=false``.
 """
 
 from __future__ import annotations
@@ -35,18 +35,21 @@ def started(
 )
 async def test_on_a_cpu_batches_leave_when_the_device_is_free(overrides: dict[str, Any]) -> None:
     config = load_settings(max_batch_size=8, **overrides).batch_config("cpu")
-    assert (config.max_inflight_batches, config.dispatch_when_idle) == (1, True)
+    assert (config.max_inflight_batches, config.dispatch_when_idle) == (2, True)
+    assert config.serial_execution
     batcher, run, recorder, clock = started(config)
 
     first = asyncio.ensure_future(batcher.submit(1))
     await run.wait_started(1)  # an idle device: sent at once
-    waiting = [asyncio.ensure_future(batcher.submit(item)) for item in range(2, 13)]
+    second = asyncio.ensure_future(batcher.submit(2))
     await settle()
-    assert recorder.dispatched == [1]  # the device is busy: nothing leaves, window or not
-    run.release(0)
+    assert recorder.dispatched == [1]  # the device is busy: a partial batch waits, window or not
+    waiting = [second, *(asyncio.ensure_future(batcher.submit(item)) for item in range(3, 13))]
     await run.wait_started(2)
-    # Freed, the device takes what waited, up to the cap, without a window.
-    assert recorder.dispatched == [1, 8]
+    assert recorder.dispatched == [1, 8]  # a full one is got ready ahead
+    run.release(0)
+    await settle()
+    assert recorder.dispatched == [1, 8]  # the 3 left wait for the device, not for a window
     run.release(1)
     await run.wait_started(3)
     assert recorder.dispatched == [1, 8, 3]  # 3 < the preferred 4: it went all the same
@@ -58,9 +61,7 @@ async def test_on_a_cpu_batches_leave_when_the_device_is_free(overrides: dict[st
 
 
 async def test_with_a_free_slot_the_window_does_act() -> None:
-    config = load_settings(
-        max_batch_size=8, max_inflight_batches=2, max_queue_delay_ms=10
-    ).batch_config("cpu")
+    config = load_settings(max_batch_size=8, max_queue_delay_ms=10).batch_config("cuda")
     batcher, run, recorder, clock = started(config)
     first = asyncio.ensure_future(batcher.submit(1))
     await run.wait_started(1)

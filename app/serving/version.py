@@ -73,8 +73,8 @@ class ModelVersion:
         except BaseException as exc:
             self.state, self.reason = VersionState.UNAVAILABLE, f"failed to load: {exc}"
             raise
-        if engine.device.type == "cpu" and engine.backend.serialized:
-            config = dataclasses.replace(config, serial_execution=True)
+        if config.serial_execution and not engine.backend.serialized:
+            config = dataclasses.replace(config, serial_execution=False)
         timings = ExecutionTimeModel()
         for size, seconds in warmup.items():
             timings.observe(size, seconds)
