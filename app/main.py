@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import logging
 import re
+import time
 from collections.abc import AsyncIterator
 from concurrent.futures import ThreadPoolExecutor
 from contextlib import asynccontextmanager
@@ -27,6 +28,7 @@ from app.serving.admission import Admission
 from app.serving.predict import PARSE_THREADS, Predictor
 from app.serving.registry import Registry
 from app.settings import Settings, SettingsError, load_settings
+from app.startup import Phases, process_age_s
 
 logger = logging.getLogger("batchserve")
 
@@ -44,13 +46,16 @@ def prediction_route(path: str) -> str | None:
 
 def create_app(settings: Settings | None = None) -> FastAPI:
     """Build the app. Nothing heavy happens here: the model loads in the lifespan."""
+    startup = Phases()
+    startup.add("imports", process_age_s() or 0.0)
     if settings is None:
-        try:
-            settings = load_settings()
-        except SettingsError as exc:
-            raise SystemExit(f"batchserve: {exc}") from None
+        with startup.phase("settings"):
+            try:
+                settings = load_settings()
+            except SettingsError as exc:
+                raise SystemExit(f"batchserve: {exc}") from None
     configure_logging(settings.log_level, settings.log_json)
-    server = ServerState(settings, Metrics())
+    server = ServerState(settings, Metrics(), startup=startup)
 
     app = FastAPI(
         title="batchserve",
@@ -92,6 +97,7 @@ def _lifespan(server: ServerState):  # type: ignore[no-untyped-def]
     @asynccontextmanager
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:
         settings, metrics, lifecycle = server.settings, server.metrics, server.lifecycle
+        lifespan_started = time.perf_counter()
         share = pin_worker(settings.worker_index, settings.workers)
         if share is not None:
             logger.info("worker %d of %d: CPUs %s", settings.worker_index, settings.workers, share)
@@ -126,6 +132,7 @@ def _lifespan(server: ServerState):  # type: ignore[no-untyped-def]
                 parse_pool.shutdown(wait=False, cancel_futures=True)
                 raise
         lifecycle.serve()
+        _report_startup(server, registry, time.perf_counter() - lifespan_started)
         drain = SigtermDrain(server, settings.drain_timeout_s)
         drain.install()
         try:
@@ -142,6 +149,22 @@ def _lifespan(server: ServerState):  # type: ignore[no-untyped-def]
             logger.info("stopped")
 
     return lifespan
+
+
+def _report_startup(server: ServerState, registry: Registry, lifespan_s: float) -> None:
+    """Start-up by phase, logged and in the metrics: the process's, then its models' own."""
+    startup = server.startup
+    models = Phases()
+    for versions in registry.models.values():
+        for version in versions.values():
+            models.merge(version.phases)
+    startup.add("server", max(0.0, lifespan_s - sum(models.seconds.values())))
+    startup.merge(models)
+    ready = process_age_s()
+    if ready is not None:
+        startup.add("ready", ready)
+    server.metrics.started(startup.seconds)
+    logger.info("ready in %s", ", ".join(f"{k} {v:.2f} s" for k, v in startup.seconds.items()))
 
 
 def initial_models(settings: Settings, registry: Registry) -> list[str]:

@@ -165,6 +165,13 @@ class Metrics:
         self.state = Gauge(
             "batchserve_state", "1 for the server's current lifecycle phase", ["state"], registry=r
         )
+        self.startup = Gauge(
+            "batchserve_startup_seconds",
+            "How long this process's start took, by phase (models loaded at start added up); "
+            'phase="ready" is the process\'s age when it turned ready',
+            ["phase"],
+            registry=r,
+        )
         self._request_children: dict[tuple[str, str, str], Any] = {}
         self._versions: dict[tuple[str, str], VersionMetrics] = {}
         self._state_children = {phase: self.state.labels(phase.value) for phase in Phase}
@@ -192,6 +199,10 @@ class Metrics:
     def limits(self, requests: int, encoded_bytes: int) -> None:
         self.admission_limit.labels("requests").set(requests)
         self.admission_limit.labels("bytes").set(encoded_bytes)
+
+    def started(self, seconds: dict[str, float]) -> None:
+        for phase, value in seconds.items():
+            self.startup.labels(phase).set(value)
 
     def on_phase(self, phase: Phase) -> None:
         """A lifecycle listener."""

@@ -36,7 +36,7 @@ MODEL_KEYS = frozenset({
     "int8_gate_min_confident_top1_agreement", "int8_gate_min_plausible_top1",
     "int8_gate_max_mean_total_variation", "int8_gate_max_probability_difference",
     "int8_gate_min_images", "max_batch_size", "max_queue_delay_ms", "preferred_batch_sizes",
-    "max_inflight_batches", "latency_slo_ms", "dispatch_when_idle", "priority_levels",
+    "max_inflight_batches", "latency_slo_ms", "dispatch_when_idle", "warmup", "priority_levels",
     "default_priority", "request_timeout_ms", "max_request_timeout_ms", "top_k",
 })  # fmt: skip
 
@@ -83,6 +83,9 @@ class Settings(BaseSettings):
     max_inflight_batches: int | None = Field(None, ge=1, le=16)
     latency_slo_ms: float | None = Field(None, gt=0)
     dispatch_when_idle: bool = True
+    # Which batch sizes warm up before ready: every bucket ("all"), or the smallest ("first",
+    # the others after ready while the model is idle); "auto": all on CUDA, first on a CPU.
+    warmup: Literal["auto", "all", "first"] = "auto"
     priority_levels: int = Field(3, ge=1, le=16)
     default_priority: int = Field(2, ge=1, le=16)
     request_timeout_ms: float = Field(30_000, gt=0)

@@ -153,20 +153,23 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
         "machine": machine(), "model": args.model, "batch_size": args.batch_size,
         "clients": args.clients, "rounds": args.rounds, "duration_s": args.duration,
         "configs": args.configs, "peers": {name: PEERS[name]["install"] for name in args.peers},
-        "medians": medians, "ratios": ratios(medians, args.peers), "samples": samples,
+        "medians": medians, "ratios": ratios(samples, args.peers), "samples": samples,
     }  # fmt: skip
 
 
-def ratios(medians: dict[str, dict[str, float]], peers: list[str]) -> dict[str, float]:
-    """Each batchserve configuration against each peer: throughput, and one-client p50."""
+def ratios(samples: dict[str, list[dict[str, Any]]], peers: list[str]) -> dict[str, float]:
+    """Each batchserve configuration against each peer, throughput and one-client p50: the
+    median over rounds of the ratio within a round (servers measured minutes apart, so a
+    machine whose speed drifts over the run moves both sides of a ratio alike)."""
     result = {}
-    for ours in (name for name in medians if name not in peers):
+    for ours in (name for name in samples if name not in peers):
         for peer in peers:
-            result[f"{ours} vs {peer} images/s"] = (
-                medians[ours]["throughput"] / medians[peer]["throughput"]
+            pairs = list(zip(samples[ours], samples[peer], strict=True))
+            result[f"{ours} vs {peer} images/s"] = median(
+                [mine["throughput"] / theirs["throughput"] for mine, theirs in pairs]
             )
-            result[f"{ours} vs {peer} one-client p50"] = (
-                medians[ours]["one_client_p50_ms"] / medians[peer]["one_client_p50_ms"]
+            result[f"{ours} vs {peer} one-client p50"] = median(
+                [mine["one_client_p50_ms"] / theirs["one_client_p50_ms"] for mine, theirs in pairs]
             )
     return result
 
@@ -204,7 +207,21 @@ dynamic batching with the same batch size and a 10 ms window.
         )
     }
 
+Ratios: the median over rounds of each round's ratio.
+
 {table(["ratio", "value"], [[name, value] for name, value in data["ratios"].items()])}
+
+Per round (images/s @{data["clients"]}; one-client p50 ms):
+
+{
+        table(
+            ["server", *(f"round {i + 1}" for i in range(data["rounds"]))],
+            [
+                [name, *(f"{r['throughput']:.1f}; {r['one_client_p50_ms']:.0f}" for r in rows)]
+                for name, rows in data["samples"].items()
+            ],
+        )
+    }
 
 ## Machine
 

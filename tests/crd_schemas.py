@@ -11,7 +11,11 @@ the published CRDs (no cluster, and so no API server, validates them here):
   0.84.1), the group and rule fields;
 - KServe ``InferenceService``, ``serving.kserve.io/v1beta1``: the predictor fields of kserve/kserve
   ``python/kserve/kserve/models/v1beta1_predictor_spec.py`` (generated from the CRD's OpenAPI)
-  at 0217bdabaaa250485b336805da1aed04960dc758.
+  at 0217bdabaaa250485b336805da1aed04960dc758;
+- KEDA HTTP add-on ``HTTPScaledObject``, ``http.keda.sh/v1alpha1``: kedacore/http-add-on
+  ``config/crd/bases/http.keda.sh_httpscaledobjects.yaml`` at
+  4f5b51de4ba5038771e5e2102a4b6a47fa32795f (with its rule that a target names exactly one of
+  ``port`` and ``portName``).
 
 Where a CRD lists more fields than the manifests use, the schema lists only the used ones and
 refuses others (``additionalProperties: false``), so a misspelt field fails here instead of
@@ -223,7 +227,57 @@ INFERENCE_SERVICE: Schema = _object(
     ["apiVersion", "kind", "metadata", "spec"],
 )
 
+_TARGET: Schema = {
+    **_object(
+        {"apiVersion": _STRING, "kind": _STRING, "name": _STRING, "port": _INT32,
+         "portName": _STRING, "service": _STRING},
+        ["service"],
+    ),
+    "oneOf": [{"required": ["port"]}, {"required": ["portName"]}],
+}  # fmt: skip
+
+HTTP_SCALED_OBJECT: Schema = _object(
+    {
+        "apiVersion": {"const": "http.keda.sh/v1alpha1"},
+        "kind": {"const": "HTTPScaledObject"},
+        "metadata": _METADATA,
+        "spec": _object(
+            {
+                "hosts": {"type": "array", "items": _STRING},
+                "pathPrefixes": {"type": "array", "items": _STRING},
+                "headers": {
+                    "type": "array",
+                    "items": _object(
+                        {"name": {"type": "string", "minLength": 1}, "value": _STRING}, ["name"]
+                    ),
+                },
+                "scaleTargetRef": _TARGET,
+                "replicas": _object({"min": _INT32, "max": _INT32}),
+                "scaledownPeriod": _INT32,
+                "initialCooldownPeriod": _INT32,
+                "targetPendingRequests": _INT32,
+                "scalingMetric": _object(
+                    {
+                        "concurrency": _object({"targetValue": {"type": "integer"}}),
+                        "requestRate": _object(
+                            {
+                                "granularity": _STRING,
+                                "targetValue": {"type": "integer"},
+                                "window": _STRING,
+                            }
+                        ),
+                    }
+                ),
+                "timeouts": _object({"conditionWait": _STRING, "responseHeader": _STRING}),
+            },
+            ["scaleTargetRef"],
+        ),
+    },
+    ["apiVersion", "kind", "metadata", "spec"],
+)
+
 BY_KIND = {
+    "HTTPScaledObject": HTTP_SCALED_OBJECT,
     "ScaledObject": SCALED_OBJECT,
     "ServiceMonitor": SERVICE_MONITOR,
     "PrometheusRule": PROMETHEUS_RULE,

@@ -100,7 +100,9 @@ async def test_health_readiness_and_models(client: httpx.AsyncClient) -> None:
     assert model["input_shape"] == [3, 224, 224]
     assert model["num_classes"] == 12
     assert model["batching"]["max_batch_size"] == 8
-    assert set(model["warmup_ms"]) == {"1", "2", "4", "8"}
+    # On a CPU the first size is warm before ready, the others follow while idle.
+    assert "1" in model["warmup_ms"]
+    assert set(model["warmup_ms"]) <= {"1", "2", "4", "8"}
 
 
 async def test_metrics_exposes_the_documented_names(client: httpx.AsyncClient) -> None:

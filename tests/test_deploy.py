@@ -256,3 +256,63 @@ def test_the_cuda_image_gets_onnxruntimes_gpu_build() -> None:
     cuda_builds = [command for text in texts for command in re.findall(cuda, text)]
     assert len(cuda_builds) == 2
     assert all("ONNXRUNTIME=onnxruntime-gpu" in command for command in cuda_builds)
+
+
+def test_the_scale_to_zero_overlay_wakes_from_zero_on_a_shared_read_only_cache(
+    tmp_path: Path,
+) -> None:
+    documents = rendered("scale-to-zero")
+    kinds = sorted(document["kind"] for document in documents)
+    # No ScaledObject of its own: the add-on makes one from the HTTPScaledObject.
+    assert kinds == sorted(["ConfigMap", "Deployment", "HTTPScaledObject", "Job",
+                            "PersistentVolumeClaim", "PodDisruptionBudget", "PrometheusRule",
+                            "Service", "ServiceMonitor"])  # fmt: skip
+    validate_strictly([d for d in documents if d["kind"] not in BY_KIND], tmp_path)
+    scaler = by_kind(documents, "HTTPScaledObject")
+    jsonschema.validate(scaler, BY_KIND["HTTPScaledObject"])
+    settings = by_kind(documents, "ConfigMap")["data"]
+    batch = int(settings["BATCHSERVE_MAX_BATCH_SIZE"])
+    spec = scaler["spec"]
+    assert spec["replicas"]["min"] == 0
+    assert spec["scalingMetric"]["concurrency"]["targetValue"] == 2 * batch
+    deployment = by_kind(documents, "Deployment")
+    service = by_kind(documents, "Service")
+    target = spec["scaleTargetRef"]
+    assert (target["name"], target["service"]) == (deployment["metadata"]["name"],
+                                                   service["metadata"]["name"])  # fmt: skip
+    assert target["port"] in [port["port"] for port in service["spec"]["ports"]]
+
+    # Replicas read the cache the Job writes, with the same settings and image.
+    claim = by_kind(documents, "PersistentVolumeClaim")["metadata"]["name"]
+    pod = deployment["spec"]["template"]["spec"]
+    job = by_kind(documents, "Job")["spec"]["template"]["spec"]
+    for spec_, writable in ((pod, False), (job, True)):
+        (volume,) = [v for v in spec_["volumes"] if v["name"] == "artifacts"]
+        assert volume == {"name": "artifacts", "persistentVolumeClaim": {
+            "claimName": claim, **({} if writable else {"readOnly": True})}}  # fmt: skip
+        (container,) = spec_["containers"]
+        (mount,) = [m for m in container["volumeMounts"] if m["name"] == "artifacts"]
+        assert mount.get("readOnly", False) is not writable
+        assert mount["mountPath"] == "/var/cache/batchserve"
+    (server,), (prepare,) = pod["containers"], job["containers"]
+    assert prepare["command"] == ["python", "-m", "app.export"]
+    assert (prepare["image"], prepare["envFrom"]) == (server["image"], server["envFrom"])
+
+
+def test_kserve_serverless_scales_to_zero_on_one_port() -> None:
+    service = yaml.safe_load(
+        (KUBERNETES / "kserve" / "inferenceservice-serverless.yaml").read_text()
+    )
+    jsonschema.validate(service, BY_KIND["InferenceService"])
+    assert service["metadata"]["annotations"]["serving.kserve.io/deploymentMode"] == "Serverless"
+    predictor = service["spec"]["predictor"]
+    (container,) = predictor["containers"]
+    env = {item["name"]: item["value"] for item in container["env"]}
+    assert predictor["minReplicas"] == 0
+    assert predictor["scaleMetric"] == "concurrency"
+    assert predictor["scaleTarget"] == 2 * int(env["BATCHSERVE_MAX_BATCH_SIZE"])
+    # Knative routes one port: HTTP, and gRPC off.
+    assert [port["containerPort"] for port in container["ports"]] == [8000]
+    assert env["BATCHSERVE_GRPC_PORT"] == "0"
+    (mount,) = [m for m in container["volumeMounts"] if m["name"] == "artifacts"]
+    assert mount["readOnly"] is True

@@ -12,6 +12,7 @@ from __future__ import annotations
 import contextlib
 import hashlib
 import json
+import logging
 import re
 import shutil
 import tempfile
@@ -24,6 +25,8 @@ import torch
 from torch import nn
 
 REPORT = "report.json"  # the accuracy gate's report, beside an INT8 model
+
+logger = logging.getLogger("batchserve")
 
 
 def weights_digest(module: nn.Module) -> str:
@@ -90,6 +93,16 @@ def write_json(path: Path, data: dict[str, Any]) -> None:
     partial = path.with_name(f".{path.name}.partial")
     partial.write_text(json.dumps(data, indent=2, default=str) + "\n")
     partial.replace(path)
+
+
+def keep_json(path: Path, data: dict[str, Any]) -> None:
+    """``write_json`` for a record that saves later starts work, where failing to write must
+    not stop this one (a cache mounted read-only): logged, and the next start does it again."""
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        write_json(path, data)
+    except OSError as exc:
+        logger.warning("cannot keep %s (%s): the next start will do this work again", path, exc)
 
 
 def read_json(path: Path) -> dict[str, Any] | None:

@@ -31,7 +31,7 @@ from typing import Any
 import torch
 
 from app.cpus import cpu_model
-from app.engine.artifacts import read_json, write_json
+from app.engine.artifacts import keep_json, read_json
 from app.engine.backends import Backend
 from app.engine.errors import StartupError
 from app.engine.int8_class import this_cpu
@@ -146,8 +146,7 @@ def choose_backend(
         "measured_at": dt.datetime.now(dt.UTC).isoformat(timespec="seconds"),
         "reason": "the fastest forward pass measured here",
     }
-    path.parent.mkdir(parents=True, exist_ok=True)
-    write_json(path, decision)
+    keep_json(path, decision)
     logger.info("backend auto: %s (measured %s images/s at batch %d)", best_label,
                 _rates(rates), rows)  # fmt: skip
     return best, decision

@@ -287,7 +287,7 @@ class InferenceEngine:
                             f"warm-up failed at batch size {batch_size}"
                         ) from outcome
                 timings[batch_size] = time.perf_counter() - started
-        self.warmup_timings = timings
+        self.warmup_timings = dict(sorted({**self.warmup_timings, **timings}.items()))
         logger.info(
             "warmed up %s on %s (%s, %s %s): %s",
             self.name,

@@ -4,14 +4,24 @@ from __future__ import annotations
 
 import copy
 import dataclasses
+import json
 import logging
 import threading
+import time
 from pathlib import Path
 from typing import Any
 
 import torch
 
-from app.engine.artifacts import REPORT, ArtifactKey, building, find, weights_digest
+from app.engine.artifacts import (
+    REPORT,
+    ArtifactKey,
+    building,
+    find,
+    keep_json,
+    read_json,
+    weights_digest,
+)
 from app.engine.backends import Backend, TorchBackend
 from app.engine.choice import choose_backend
 from app.engine.compile import resolve_compile
@@ -37,6 +47,7 @@ from app.engine.observer import EngineObserver
 from app.engine.precision import fastest
 from app.engine.warmup import warmup_images
 from app.settings import Settings
+from app.startup import Phases
 from batching import BatchConfig
 from preprocessing import ImageLimits
 
@@ -60,6 +71,7 @@ def build_engine(
     observer: EngineObserver | None = None,
     *,
     device_lock: threading.Lock | None = None,
+    phases: Phases | None = None,
 ) -> InferenceEngine:
     """Load the configured model onto the configured device and backend, in its precision.
 
@@ -67,27 +79,32 @@ def build_engine(
     its slots and batch buckets from it. A backend other than PyTorch serves from an exported
     artefact (made here when missing) and only after it agrees with eager PyTorch.
     ``device_lock``, shared by the engines of one device, keeps their forward passes from
-    running at once.
+    running at once. ``phases`` gets the time of each start-up phase.
     """
+    phases = phases or Phases()
     device = resolve_device(settings.device, settings.worker_index)
     torch.set_num_threads(settings.intra_op_threads)
-    loaded = load_configured_model(settings)
-    reference = None
-    if settings.backend != "torch":
-        reference = copy.deepcopy(loaded.module).eval().float()  # before anything converts it
+    with phases.phase("weights"):
+        loaded = load_configured_model(settings)
     if settings.backend == "auto":
+        built_before = _building_time(phases)
+        choosing = time.perf_counter()
         backend, choice = choose_backend(
             settings, device, loaded_digest(loaded), input_shape(loaded),
             min(8, config.max_batch_size),
             lambda name, precision: _build_backend(
-                settings.with_backend(name, precision), loaded, device, config, own_copy=True
+                settings.with_backend(name, precision), loaded, device, config, phases,
+                own_copy=True,
             ),
             lambda name: int8_ready(settings.with_backend(name, "int8"), loaded),
         )  # fmt: skip
+        # Measuring (and building the candidates that lost) is the choice's own time.
+        phases.add("choice", time.perf_counter() - choosing
+                   - (_building_time(phases) - built_before))  # fmt: skip
         backend.choice = choice
         settings = settings.with_backend(backend.name, choice["precision"])
     else:
-        backend = _build_backend(settings, loaded, device, config)
+        backend = _build_backend(settings, loaded, device, config, phases)
     engine = InferenceEngine(
         loaded,
         backend,
@@ -103,11 +120,66 @@ def build_engine(
         decode_on_device=resolve_decode_device(settings.decode_device, device),
         device_lock=device_lock,
     )
-    if reference is not None and settings.backend != "torch":
+    if settings.backend != "torch":
         gate = engine.backend.int8_gate
         ungated = gate is not None and not gate["passed"]
-        engine.check = startup_check(engine, loaded, reference, enforce=not ungated)
+        with phases.phase("check"):
+            engine.check = kept_check(engine, loaded, device)
+            if engine.check is None:
+                # A runtime never converts the loaded module (auto's PyTorch candidate had its
+                # own copy): it is still the eager fp32 model the check compares with.
+                reference = copy.deepcopy(loaded.module).eval().float()
+                engine.check = startup_check(engine, loaded, reference, enforce=not ungated)
+                if engine.check["passed"]:
+                    keep_check(engine, loaded, device)
     return engine
+
+
+CHECK_RECORD = "startup-check.json"  # beside a runtime's artefact
+
+
+def check_binding(engine: InferenceEngine, loaded: LoadedModel, device: torch.device) -> Any:
+    """What a start-up check's verdict holds for: this artefact (its sha256), these weights and
+    preprocessing, this runtime version and CPU INT8 class, this precision and device, these
+    bounds."""
+    from app.engine.int8_report import binding
+
+    path = Path(engine.backend.path)  # type: ignore[attr-defined]
+    return {
+        **binding(loaded, loaded_digest(loaded), path, engine.backend.name),
+        "precision": engine.precision, "device": device.type,
+        "bounds": dataclasses.asdict(CHECK_BOUNDS[engine.precision]),
+    }  # fmt: skip
+
+
+def kept_check(
+    engine: InferenceEngine, loaded: LoadedModel, device: torch.device
+) -> dict[str, Any] | None:
+    """The verdict of an earlier start-up check of this very artefact here, if there is one:
+    a later start serves without running eager PyTorch beside it again."""
+    path = Path(engine.backend.path).parent / CHECK_RECORD  # type: ignore[attr-defined]
+    kept = read_json(path)
+    if kept is None or kept.get("bound_to") != json_ready(check_binding(engine, loaded, device)):
+        return None
+    logger.info("%s %s: the start-up check of this artefact passed before (%s)",
+                engine.backend.name, engine.precision, path)  # fmt: skip
+    report: dict[str, Any] = {**kept["report"], "reused": True}
+    return report
+
+
+def keep_check(engine: InferenceEngine, loaded: LoadedModel, device: torch.device) -> None:
+    assert engine.check is not None
+    path = Path(engine.backend.path).parent / CHECK_RECORD  # type: ignore[attr-defined]
+    keep_json(path, {"bound_to": check_binding(engine, loaded, device), "report": engine.check})
+
+
+def json_ready(value: Any) -> Any:
+    """``value`` as it reads back from JSON (tuples become lists)."""
+    return json.loads(json.dumps(value))
+
+
+def _building_time(phases: Phases) -> float:
+    return phases.seconds.get("artefacts", 0.0) + phases.seconds.get("compile", 0.0)
 
 
 def _build_backend(
@@ -115,14 +187,18 @@ def _build_backend(
     loaded: LoadedModel,
     device: torch.device,
     config: BatchConfig,
+    phases: Phases,
     *,
     own_copy: bool = False,
 ) -> Backend:
     if settings.backend == "torch":
         # Its own copy when other backends may be built from the same module after it.
         module = copy.deepcopy(loaded.module) if own_copy else loaded.module
-        return torch_backend(settings, dataclasses.replace(loaded, module=module), device, config)
-    return runtime_backend(settings, loaded, device, config)
+        with phases.phase("compile"):  # TorchScript: traced and frozen, or loaded
+            return torch_backend(
+                settings, dataclasses.replace(loaded, module=module), device, config
+            )
+    return runtime_backend(settings, loaded, device, config, phases)
 
 
 def input_shape(loaded: LoadedModel) -> tuple[int, int, int]:
@@ -278,35 +354,39 @@ def gated_int8(settings: Settings, loaded: LoadedModel) -> tuple[Path, dict[str,
 
 
 def runtime_backend(
-    settings: Settings, loaded: LoadedModel, device: torch.device, config: BatchConfig
+    settings: Settings,
+    loaded: LoadedModel,
+    device: torch.device,
+    config: BatchConfig,
+    phases: Phases | None = None,
 ) -> Backend:
+    phases = phases or Phases()
     precision = runtime_precision(settings, device)
     root = settings.artifacts_dir
     classes = len(loaded.labels)
-    if settings.backend == "onnxruntime":
-        from app.engine.backends.onnx_runtime import OnnxRuntimeBackend
-
-        gate = None
+    gate = None
+    with phases.phase("artefacts"):  # found, or exported, converted or quantised now
         if precision == "int8":
             path, gate = gated_int8(settings, loaded)
-        else:
+        elif settings.backend == "onnxruntime":
             path = ensure_onnx(root, loaded)
-        backend: Backend = OnnxRuntimeBackend(
-            path, device, precision=precision, threads=settings.intra_op_threads,
-            classes=classes,
-        )  # fmt: skip
-    else:
-        from app.engine.backends.openvino_runtime import OpenVinoBackend
-
-        gate = None
-        if precision == "int8":
-            path, gate = gated_int8(settings, loaded)
         else:
             path = ensure_openvino(root, loaded, "fp32")
-        backend = OpenVinoBackend(
-            path, precision=precision, threads=settings.intra_op_threads,
-            concurrent_batches=config.max_inflight_batches,
-        )  # fmt: skip
+    with phases.phase("compile"):  # the runtime's session or compiled model
+        if settings.backend == "onnxruntime":
+            from app.engine.backends.onnx_runtime import OnnxRuntimeBackend
+
+            backend: Backend = OnnxRuntimeBackend(
+                path, device, precision=precision, threads=settings.intra_op_threads,
+                classes=classes,
+            )  # fmt: skip
+        else:
+            from app.engine.backends.openvino_runtime import OpenVinoBackend
+
+            backend = OpenVinoBackend(
+                path, precision=precision, threads=settings.intra_op_threads,
+                concurrent_batches=config.max_inflight_batches,
+            )  # fmt: skip
     backend.int8_gate = gate
     return backend
 

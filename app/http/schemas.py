@@ -64,6 +64,8 @@ class ModelInfo(BaseModel):
     std: list[float]
     interpolation: str
     batching: BatchingInfo
+    # Start-up by phase, in seconds: this model's load, and the process's (see app.startup).
+    startup_s: dict[str, dict[str, float]]
     warmup_ms: dict[int, float]
 
 

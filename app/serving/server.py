@@ -11,6 +11,7 @@ from app.metrics import Metrics
 from app.serving.lifecycle import Lifecycle
 from app.serving.predict import Predictor
 from app.settings import Settings
+from app.startup import Phases
 
 
 @dataclass
@@ -21,6 +22,8 @@ class ServerState:
     predictor: Predictor | None = None
     active: int = 0  # prediction requests in progress
     idle: asyncio.Event = field(default_factory=asyncio.Event)
+    # Process-wide start-up phases (the models' own are on their versions).
+    startup: Phases = field(default_factory=Phases)
 
     def __post_init__(self) -> None:
         self.idle.set()

@@ -13,11 +13,13 @@ import enum
 import gc
 import logging
 import threading
+import time
 from typing import Any
 
 from app.engine import InferenceEngine, InferenceRequest, Prediction, build_engine
 from app.metrics import VersionMetrics
 from app.settings import Settings
+from app.startup import Phases
 from batching import DynamicBatcher, ExecutionTimeModel
 
 logger = logging.getLogger("batchserve")
@@ -51,6 +53,8 @@ class ModelVersion:
         self._idle = asyncio.Event()
         self._idle.set()
         self._on_failure: Any = None
+        self.phases = Phases()  # how long each phase of its load took
+        self._warming: asyncio.Task[None] | None = None
 
     @property
     def name(self) -> str:
@@ -65,16 +69,21 @@ class ModelVersion:
         the build raises; the version is then ``UNAVAILABLE``."""
         settings = self.settings
         config = settings.batch_config(_device_type(settings))
+        phases = self.phases
         try:
             engine = await asyncio.to_thread(
-                build_engine, settings, config, self.metrics, device_lock=device_lock
-            )
-            warmup = await asyncio.to_thread(engine.warmup)
+                build_engine, settings, config, self.metrics, device_lock=device_lock,
+                phases=phases,
+            )  # fmt: skip
+            first, later = warmup_sizes(settings.warmup, engine)
+            with phases.phase("warmup"):
+                warmup = await asyncio.to_thread(engine.warmup, first)
         except BaseException as exc:
             self.state, self.reason = VersionState.UNAVAILABLE, f"failed to load: {exc}"
             raise
         if config.serial_execution and not engine.backend.serialized:
             config = dataclasses.replace(config, serial_execution=False)
+        batcher_started = time.perf_counter()
         timings = ExecutionTimeModel()
         for size, seconds in warmup.items():
             timings.observe(size, seconds)
@@ -87,6 +96,9 @@ class ModelVersion:
             on_failure=lambda error: on_failure(self, error) if on_failure else None,
         )
         self.batcher.start()
+        phases.add("batcher", time.perf_counter() - batcher_started)
+        if later:
+            self._warming = asyncio.create_task(self._warm_up_when_idle(later, timings))
         self.metrics.serving(
             engine.device, engine.precision, engine.backend.name, engine.weights,
             lambda: self.batcher.queue_depth if self.batcher else 0,
@@ -100,6 +112,26 @@ class ModelVersion:
             engine.backend.name, engine.backend.variant, config.max_batch_size,
             config.max_queue_delay_s * 1000,
         )  # fmt: skip
+
+    async def _warm_up_when_idle(self, sizes: tuple[int, ...], timings: ExecutionTimeModel) -> None:
+        """The batch sizes not warmed before ready, one at a time, each only while nothing of
+        this version waits or runs: a request arriving meanwhile waits for one warm-up batch
+        at most."""
+        for size in sizes:
+            while True:
+                batcher, engine = self.batcher, self.engine
+                if batcher is None or engine is None:
+                    return
+                if batcher.queue_depth == 0 and batcher.inflight_batches == 0:
+                    break
+                await asyncio.sleep(0.05)
+            try:
+                measured = await asyncio.to_thread(engine.warmup, (size,))
+            except Exception as exc:  # the engine serves on; the size warms up on first use
+                logger.warning("%s: warming up batch size %d failed: %s", self.name, size, exc)
+                return
+            for each, seconds in measured.items():
+                timings.observe(each, seconds)
 
     def enter(self) -> None:
         self.active += 1
@@ -122,6 +154,8 @@ class ModelVersion:
         except TimeoutError:
             logger.warning("%s: %d request(s) still in progress after %.1f s: answering 503",
                            self.name, self.active, drain_timeout_s)  # fmt: skip
+        if self._warming is not None:
+            self._warming.cancel()
         if self.batcher is not None:
             await self.batcher.aclose(drain_timeout_s)
         self.batcher = None
@@ -133,6 +167,20 @@ class ModelVersion:
     def describe(self) -> dict[str, Any]:
         return {"name": self.model, "version": str(self.version), "state": self.state.value,
                 "reason": self.reason}  # fmt: skip
+
+
+def warmup_sizes(choice: str, engine: InferenceEngine) -> tuple[tuple[int, ...], tuple[int, ...]]:
+    """The batch sizes to warm up before ready, and after.
+
+    ``all`` (``auto`` on CUDA, where CUDA graphs and autotuning want every bucket first): every
+    bucket before. ``first`` (``auto`` on a CPU): the smallest before, which is what an idle
+    server's first request runs at; the larger ones cost seconds on a CPU (a batch of 32
+    resnet50 images, twice) and would only delay ready.
+    """
+    buckets = engine.buckets
+    if choice == "all" or (choice == "auto" and engine.device.type == "cuda"):
+        return buckets, ()
+    return buckets[:1], buckets[1:]
 
 
 def _device_type(settings: Settings) -> str:

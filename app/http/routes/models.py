@@ -67,6 +67,7 @@ def _describe(server: ServerState, version: ModelVersion) -> dict[str, Any]:
             "dispatch_when_idle": batching.dispatch_when_idle,
             "request_timeout_ms": settings.request_timeout_ms,
         },
+        "startup_s": {"model": version.phases.rounded(), "process": server.startup.rounded()},
         "warmup_ms": {
             str(size): round(seconds * 1000, 3) for size, seconds in engine.warmup_timings.items()
         },

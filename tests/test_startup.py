@@ -1,0 +1,131 @@
+"""Start-up: its phases are measured and shown, a checked artefact is not checked again, and
+only the first batch size warms up before ready on a CPU."""
+
+from __future__ import annotations
+
+import asyncio
+import errno
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from app.engine import build_engine
+from app.engine import factory as factory_module
+from app.engine.factory import CHECK_RECORD
+from app.startup import MODEL_PHASES, process_age_s
+from benchmarks.promtext import parse, value
+from tests import images
+from tests.conftest import make_settings, serve
+from tests.fakes import until
+
+
+def test_the_process_age_is_read_from_the_system() -> None:
+    age = process_age_s()
+    assert age is not None
+    assert 0 < age < 24 * 3600
+
+
+async def test_phases_are_shown_per_model_and_scraped_per_phase() -> None:
+    async with serve(make_settings(warmup="all")) as (_, client):
+        (model,) = (await client.get("/v1/models")).json()["models"]
+        scraped = parse((await client.get("/metrics")).text)
+    phases = model["startup_s"]
+    assert set(phases["model"]) >= {"weights", "compile", "warmup", "batcher"}
+    assert set(phases["model"]) <= set(MODEL_PHASES)
+    assert set(phases["process"]) >= {"imports", "server", "ready", *phases["model"]}
+    for phase, seconds in phases["process"].items():
+        assert seconds >= 0
+        assert value(scraped, "batchserve_startup_seconds", phase=phase) == pytest.approx(
+            seconds, abs=1e-3
+        )
+    # The process's age at ready covers its phases (uvicorn's own bind is in none of them).
+    assert phases["process"]["ready"] >= phases["process"]["imports"]
+
+
+async def test_on_a_cpu_only_the_first_size_warms_up_before_ready_and_the_rest_when_idle() -> None:
+    settings = make_settings(max_batch_size=8)
+    async with serve(settings) as (app, client):
+        version = app.state.server.predictor.registry.models["color_classifier"][1]
+        engine = version.engine
+        assert engine.buckets == (1, 2, 4, 8)
+        assert version.phases.seconds["warmup"] > 0
+        # Ready with the first size warmed; it answers at once while the rest follow.
+        answer = await client.post(
+            "/predict", content=images.jpeg(), headers={"content-type": "image/jpeg"}
+        )
+        assert answer.status_code == 200
+        timings = version.batcher.timings
+        await until(lambda: set(engine.warmup_timings) == {1, 2, 4, 8}, limit_s=30)
+        # Each size's time seeds the batcher's model once it is measured.
+        await until(lambda: timings.estimate(8) == engine.warmup_timings[8])
+
+
+async def test_with_warmup_all_every_size_is_warm_before_ready() -> None:
+    async with serve(make_settings(max_batch_size=8, warmup="all")) as (app, _):
+        version = app.state.server.predictor.registry.models["color_classifier"][1]
+        assert set(version.engine.warmup_timings) == {1, 2, 4, 8}
+
+
+def test_a_runtime_artefact_checked_before_is_not_checked_again(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    settings = make_settings(backend="onnxruntime", artifacts_dir=tmp_path / "artifacts")
+    first = build_engine(settings, settings.batch_config("cpu"))
+    assert first.check is not None
+    assert first.check["passed"]
+    assert not first.check.get("reused")
+    record = Path(first.backend.describe()["artifact"]).parent / CHECK_RECORD
+    assert record.is_file()
+
+    def never(*args: Any, **kwargs: Any) -> Any:
+        raise AssertionError("checked again")
+
+    monkeypatch.setattr(factory_module, "startup_check", never)
+    again = build_engine(settings, settings.batch_config("cpu"))
+    assert again.check is not None
+    assert again.check["reused"]
+    assert again.check["top1_agreement"] == first.check["top1_agreement"]
+
+    # Another artefact (the same path, other bytes): the verdict does not hold for it.
+    import onnx
+
+    artefact = Path(again.backend.describe()["artifact"])
+    model = onnx.load(str(artefact))
+    model.doc_string = "another export"
+    onnx.save(model, str(artefact))
+    with pytest.raises(AssertionError, match="checked again"):
+        build_engine(settings, settings.batch_config("cpu"))
+
+
+def test_a_read_only_cache_still_starts(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
+    from app.engine import artifacts
+
+    settings = make_settings(backend="onnxruntime", artifacts_dir=tmp_path / "artifacts")
+    first = build_engine(settings, settings.batch_config("cpu"))
+    record = Path(first.backend.describe()["artifact"]).parent / CHECK_RECORD
+    record.unlink()
+
+    def read_only(path: Path, data: Any) -> None:  # as a volume mounted read-only (root
+        raise OSError(errno.EROFS, "Read-only file system", str(path))  # ignores chmod)
+
+    monkeypatch.setattr(artifacts, "write_json", read_only)
+    engine = build_engine(settings, settings.batch_config("cpu"))
+    assert engine.check is not None
+    assert engine.check["passed"]
+    assert not record.exists()
+    assert "the next start will do this work again" in caplog.text
+
+
+async def test_an_unloaded_version_stops_warming_up() -> None:
+    settings = make_settings(max_batch_size=64)
+    async with serve(settings) as (app, _):
+        registry = app.state.server.predictor.registry
+        version = registry.models["color_classifier"][1]
+        warming = version._warming
+        assert warming is not None
+        await version.unload(1.0)
+        await asyncio.sleep(0)
+        assert warming.cancelled() or warming.done()
