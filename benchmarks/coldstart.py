@@ -26,25 +26,15 @@ from benchmarks.common import machine, machine_markdown, median, table, write_re
 from benchmarks.compare import server_env
 from benchmarks.corpus import generate
 from benchmarks.peer_servers import peer_server
-from benchmarks.servers import ServerProcess, UvicornProcess
+from benchmarks.servers import ServerProcess, UvicornProcess, first_answer
 
 
-def first_answer_s(server: ServerProcess, image: bytes, timeout_s: float = 600.0) -> float:
+def first_answer_s(server: ServerProcess, image: bytes) -> float:
     """Seconds from spawning ``server`` to its first 200 answer to a prediction."""
     started = time.perf_counter()
     server.start()
-    files = {"file": ("image.jpg", image, "image/jpeg")}
-    while time.perf_counter() - started < timeout_s:
-        assert server.process is not None
-        if server.process.poll() is not None:
-            raise RuntimeError(f"{server.command} exited:\n{server.read_output()[-3000:]}")
-        try:
-            if httpx.post(f"{server.url}/predict", files=files, timeout=60).status_code == 200:
-                return time.perf_counter() - started
-        except httpx.TransportError:
-            pass
-        time.sleep(0.05)
-    raise RuntimeError(f"no answer from {server.command} in {timeout_s} s")
+    first_answer(server, image, timeout_s=600.0)
+    return time.perf_counter() - started
 
 
 def ours(model: str, backend: str, artifacts: Path, batch_size: int) -> UvicornProcess:

@@ -20,19 +20,16 @@ import subprocess
 import sys
 import sysconfig
 import tempfile
-import time
 from contextlib import ExitStack
 from pathlib import Path
 from typing import Any
-
-import httpx
 
 from benchmarks import wrk
 from benchmarks.backends import prepare_artifacts
 from benchmarks.common import machine, machine_markdown, median, table, write_results
 from benchmarks.compare import server_env, variants
 from benchmarks.corpus import corpus, generate
-from benchmarks.servers import ROOT, ServerProcess, UvicornProcess, free_port
+from benchmarks.servers import ROOT, ServerProcess, UvicornProcess, first_answer, free_port
 
 PEERS_DIR = ROOT / ".peers"
 # What each peer's environment installs, and how its server starts and says it is ready.
@@ -77,25 +74,9 @@ def peer_server(name: str, model: str, batch_size: int) -> ServerProcess:
     return ServerProcess(command, f"http://127.0.0.1:{port}", env, 300.0, ready)
 
 
-def first_answer(url: str, image: bytes, timeout_s: float = 120.0) -> None:
-    """Until one real prediction answers 200 (a peer's health route can answer before its
-    model is deployed)."""
-    deadline = time.monotonic() + timeout_s
-    while True:
-        try:
-            files = {"file": ("image.jpg", image, "image/jpeg")}
-            if httpx.post(f"{url}/predict", files=files, timeout=30).status_code == 200:
-                return
-        except httpx.TransportError:
-            pass
-        if time.monotonic() > deadline:
-            raise RuntimeError(f"{url} gave no answer in {timeout_s} s")
-        time.sleep(0.2)
-
-
 def measure(server: ServerProcess, images: list[bytes], args: argparse.Namespace) -> dict[str, Any]:
     with server:
-        first_answer(server.url, images[0])
+        first_answer(server, images[0])
         many = wrk.run(server.url, images, args.clients, args.warmup, args.duration, multipart=True)
         one = wrk.run(server.url, images, 1, args.warmup, args.duration, multipart=True)
     if many["errors"] or one["errors"]:

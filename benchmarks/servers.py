@@ -132,3 +132,22 @@ class UvicornProcess(ServerProcess):
         ]  # fmt: skip
         super().__init__(command, f"http://127.0.0.1:{self.port}", full_env, startup_timeout,
                          ready_path)  # fmt: skip
+
+
+def first_answer(server: ServerProcess, image: bytes, timeout_s: float = 120.0) -> None:
+    """Until ``server`` answers one real prediction (``image`` as multipart field ``file``)
+    with 200, polled every 50 ms: a health route can answer before the model is deployed.
+    Fails at once if the process exits."""
+    deadline = time.monotonic() + timeout_s
+    files = {"file": ("image.jpg", image, "image/jpeg")}
+    while time.monotonic() < deadline:
+        assert server.process is not None, "start() first"
+        if server.process.poll() is not None:
+            raise RuntimeError(f"{server.command} exited:\n{server.read_output()[-3000:]}")
+        try:
+            if httpx.post(f"{server.url}/predict", files=files, timeout=60).status_code == 200:
+                return
+        except httpx.TransportError:
+            pass
+        time.sleep(0.05)
+    raise RuntimeError(f"no answer from {server.command} in {timeout_s} s")

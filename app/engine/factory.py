@@ -124,14 +124,16 @@ def build_engine(
         gate = engine.backend.int8_gate
         ungated = gate is not None and not gate["passed"]
         with phases.phase("check"):
-            engine.check = kept_check(engine, loaded, device)
+            record = Path(engine.backend.path).parent / CHECK_RECORD  # type: ignore[attr-defined]
+            bound_to = json_ready(check_binding(engine, loaded, device))  # hashes the artefact
+            engine.check = kept_check(record, bound_to)
             if engine.check is None:
                 # A runtime never converts the loaded module (auto's PyTorch candidate had its
                 # own copy): it is still the eager fp32 model the check compares with.
                 reference = copy.deepcopy(loaded.module).eval().float()
                 engine.check = startup_check(engine, loaded, reference, enforce=not ungated)
                 if engine.check["passed"]:
-                    keep_check(engine, loaded, device)
+                    keep_json(record, {"bound_to": bound_to, "report": engine.check})
     return engine
 
 
@@ -152,25 +154,16 @@ def check_binding(engine: InferenceEngine, loaded: LoadedModel, device: torch.de
     }  # fmt: skip
 
 
-def kept_check(
-    engine: InferenceEngine, loaded: LoadedModel, device: torch.device
-) -> dict[str, Any] | None:
-    """The verdict of an earlier start-up check of this very artefact here, if there is one:
-    a later start serves without running eager PyTorch beside it again."""
-    path = Path(engine.backend.path).parent / CHECK_RECORD  # type: ignore[attr-defined]
-    kept = read_json(path)
-    if kept is None or kept.get("bound_to") != json_ready(check_binding(engine, loaded, device)):
+def kept_check(record: Path, bound_to: Any) -> dict[str, Any] | None:
+    """The verdict of an earlier start-up check of this very artefact here (``record`` holds
+    it, bound to what ``check_binding`` says), if there is one: a later start serves without
+    running eager PyTorch beside it again."""
+    kept = read_json(record)
+    if kept is None or kept.get("bound_to") != bound_to:
         return None
-    logger.info("%s %s: the start-up check of this artefact passed before (%s)",
-                engine.backend.name, engine.precision, path)  # fmt: skip
+    logger.info("the start-up check of this artefact passed before (%s)", record)
     report: dict[str, Any] = {**kept["report"], "reused": True}
     return report
-
-
-def keep_check(engine: InferenceEngine, loaded: LoadedModel, device: torch.device) -> None:
-    assert engine.check is not None
-    path = Path(engine.backend.path).parent / CHECK_RECORD  # type: ignore[attr-defined]
-    keep_json(path, {"bound_to": check_binding(engine, loaded, device), "report": engine.check})
 
 
 def json_ready(value: Any) -> Any:
