@@ -290,6 +290,16 @@ def test_export_tool_writes_both_artefacts_that_start_up_then_reuses(tmp_path: P
     assert artifact_dirs(tmp_path / "artifacts") == before  # served from what the tool wrote
 
 
+def test_openvino_on_a_cpu_computes_with_one_stream_of_every_thread(tmp_path: Path) -> None:
+    # Two batches in flight on a CPU: the second only gets ready ahead, so two streams would
+    # leave half of the threads idle while one batch computes.
+    settings = runtime_settings(tmp_path, "openvino", max_inflight_batches=2)
+    engine = build_engine(settings, settings.batch_config("cpu"))
+    assert engine.max_inflight_batches == 2
+    assert engine.backend.describe()["hint"] == "LATENCY"
+    assert engine.backend.serialized
+
+
 @pytest.mark.parametrize(
     "command", [["app.export"], ["app.quantize", "--calibration", "."]], ids=lambda c: c[0]
 )

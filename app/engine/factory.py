@@ -376,9 +376,13 @@ def runtime_backend(
         else:
             from app.engine.backends.openvino_runtime import OpenVinoBackend
 
+            # Batches that run one at a time (a CPU: the second slot only gets ready ahead) want
+            # one stream with every thread; THROUGHPUT would give each of two streams half of
+            # the threads while only one of them computes.
+            concurrent = 1 if config.serial_execution else config.max_inflight_batches
             backend = OpenVinoBackend(
                 path, precision=precision, threads=settings.intra_op_threads,
-                concurrent_batches=config.max_inflight_batches,
+                concurrent_batches=concurrent,
             )  # fmt: skip
     backend.int8_gate = gate
     return backend

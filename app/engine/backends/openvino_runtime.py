@@ -1,11 +1,14 @@
 """OpenVINO: an IR (fp32, or INT8 from a QDQ ONNX model) compiled once for the CPU.
 
-The performance hint follows ``MAX_INFLIGHT_BATCHES``: ``LATENCY`` (one stream using every
-thread) for one batch at a time; ``THROUGHPUT`` (several streams) when batches may overlap, and
-then each batch thread gets its own infer request and forward passes are not serialised, so
-that two batches really run at once. Requests run with the synchronous ``infer`` (which
-releases the GIL): asynchronous requests were no faster over two runs, and on two cores the
-THROUGHPUT hint with two callers was slower than LATENCY with one
+The performance hint follows how batches run: ``LATENCY`` (one stream using every thread) when
+forward passes run one at a time, as they do on a CPU whatever ``MAX_INFLIGHT_BATCHES`` says
+(a second batch in flight only gets ready ahead); ``THROUGHPUT`` (several streams) only when
+batches really overlap, and then each batch thread gets its own infer request and forward
+passes are not serialised. With two streams and one batch computing, each stream has half of
+the threads: resnet18 ran at 69 images/s that way against 122 with ``LATENCY`` on a 2-core AMD
+EPYC. Requests run with the synchronous ``infer`` (which releases the GIL): asynchronous
+requests were no faster over two runs, and on two cores the THROUGHPUT hint with two callers
+was slower than LATENCY with one
 (``benchmarks/results/runtime-options-resnet50.md``). The inference precision is pinned:
 OpenVINO would otherwise pick bf16 by itself on CPUs that have it.
 """
