@@ -138,9 +138,10 @@ def test_auto_serves_the_fastest_installed_backend_and_remembers_why(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     from app.engine import choice as choice_module
+    from app.engine import precision as precision_module
 
     assert Settings(_env_file=None).backend == "auto"  # the default
-    settings = runtime_settings(tmp_path, "auto")
+    settings = runtime_settings(tmp_path, "auto", precision="auto")
     engine = build_engine(settings, settings.batch_config("cpu"))
     choice = engine.backend.choice
     assert choice is not None
@@ -157,8 +158,11 @@ def test_auto_serves_the_fastest_installed_backend_and_remembers_why(
         raise AssertionError("measured again")
 
     monkeypatch.setattr(choice_module, "images_per_second", measured)
+    # Nor PRECISION=auto's fp32 against bf16 (on a CPU with both): the choice kept which.
+    monkeypatch.setattr(precision_module, "images_per_second", measured)
     again = build_engine(settings, settings.batch_config("cpu"))  # a later start
     assert again.backend.name == engine.backend.name
+    assert again.precision == engine.precision == choice["precision"]
     assert again.backend.choice is not None
     assert again.backend.choice["reused"]
     other = runtime_settings(tmp_path, "auto", max_batch_size=4)  # another warm-up batch

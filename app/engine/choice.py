@@ -140,8 +140,11 @@ def choose_backend(
         )
     decision = {
         "chosen": best.name,
-        "precision": "int8" if best_label.endswith(" int8") else settings.precision,
+        # What it serves, not what was asked (PRECISION=auto): a later start builds only that
+        # precision instead of measuring fp32 against bf16 again.
+        "precision": best.precision,
         "rates": rates,
+        "precision_rates": best.measured_rates,
         "rows": rows,
         "measured_at": dt.datetime.now(dt.UTC).isoformat(timespec="seconds"),
         "reason": "the fastest forward pass measured here",
