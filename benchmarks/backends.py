@@ -4,8 +4,9 @@ their INT8 builds, on the same model, machine and images.
 Per configuration and round, with fresh processes: the offline limits (``benchmarks.offline``:
 the forward pass alone, and the pipelined limit with decoding), then a server driven by wrk at
 64 clients and at one. Rounds interleave the configurations, so the machine's drift over
-minutes shifts them alike; the report gives medians over rounds, served/limit per backend,
-and each configuration's served images/s against the first one's.
+minutes shifts them alike; the report gives medians over rounds, and served/limit and each
+configuration's served images/s against the first one's as the median of the ratios within
+each round.
 
 INT8 artefacts are built before the first round by ``python -m app.quantize`` with the plain
 recipe of this CPU's INT8 class (calibrated on ``--calibration``, or on generated images). A
@@ -127,10 +128,17 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
         name: {key: median([sample[key] for sample in rows]) for key in rows[0]}
         for name, rows in samples.items()
     }
-    first = next(iter(medians.values()))
-    for row in medians.values():
-        row["served_vs_limit"] = row["served"] / row["pipelined"]
-        row["served_vs_first"] = row["served"] / first["served"]
+    first = next(iter(samples))
+    for name, row in medians.items():
+        # Each ratio within a round (measured minutes apart at most), then the median over
+        # rounds: a machine whose speed drifts over the run moves both sides of a ratio alike.
+        row["served_vs_limit"] = median(
+            [sample["served"] / sample["pipelined"] for sample in samples[name]]
+        )
+        row["served_vs_first"] = median([
+            mine["served"] / theirs["served"]
+            for mine, theirs in zip(samples[name], samples[first], strict=True)
+        ])  # fmt: skip
     return {"machine": machine(), "model": args.model, "batch_size": args.batch_size,
             "clients": args.clients, "rounds": args.rounds, "seconds": args.seconds,
             "configs": args.configs, "ungated_int8": args.ungated_int8, "medians": medians,
@@ -148,6 +156,11 @@ def markdown(data: dict[str, Any]) -> str:
              f"served @{data['clients']} img/s", "served / limit", f"served / {first}",
              f"p99 ms @{data['clients']}", "p50 ms @1"]  # fmt: skip
     settings = "\n".join(f"- {spec}" for spec in data["configs"])
+    per_round = table(
+        ["configuration", *(f"round {index + 1}" for index in range(data["rounds"]))],
+        [[name, *(f"{r['forward']:.1f}; {r['pipelined']:.1f}; {r['served']:.1f}" for r in rows)]
+         for name, rows in data["samples"].items()],
+    )  # fmt: skip
     note = (
         "INT8 models built here from random weights cannot pass a meaningful accuracy gate: "
         "they were served with `ALLOW_UNGATED_INT8=true` for these throughput figures only."
@@ -165,6 +178,11 @@ Configurations (name: settings; fp32 unless said):
 {settings}
 
 {table(heads, rows)}
+
+Served / limit are medians of each round's own ratio. Per round (forward; pipelined limit;
+served @{data["clients"]}, images/s):
+
+{per_round}
 
 ## Machine
 
