@@ -4,10 +4,10 @@ from __future__ import annotations
 
 import math
 
+import numpy as np
+import simplejpeg
 import torch
 from PIL import Image, ImageOps
-from torchvision.io import ImageReadMode, decode_jpeg
-from torchvision.transforms.v2.functional import pil_to_tensor
 
 from preprocessing.errors import InvalidImageError, UnsupportedFormatError
 from preprocessing.formats import Buffer, ImageFormat, ImageHeader, open_image
@@ -25,44 +25,59 @@ def as_byte_tensor(data: Buffer) -> torch.Tensor:
 def decode_cpu(data: Buffer, header: ImageHeader, short_side: int | None = None) -> torch.Tensor:
     """Decode to ``uint8[3, H, W]`` RGB with the EXIF orientation applied.
 
-    JPEG goes through libjpeg-turbo (torchvision); the other formats through Pillow, because
-    torchvision's PNG decoder crashes the process on some corrupt files. A JPEG at least four
-    times ``short_side`` (the resize target) on its short side is decoded already scaled down
-    by libjpeg (1/2, 1/4 or 1/8, in the DCT: Pillow's draft mode), never below twice
-    ``short_side``, so that the antialiased resize still makes the last halving as it would
-    from the full image: a 12 MP phone photo costs about 40% of a full decode.
+    JPEG goes through libjpeg-turbo (simplejpeg), the other formats (and the JPEGs libjpeg-turbo
+    cannot convert to RGB, such as CMYK) through Pillow. A JPEG at least four times
+    ``short_side`` (the resize target) on its short side is decoded already scaled down by
+    libjpeg-turbo (1/2, 1/4 or 1/8, in the DCT), never below twice ``short_side``, so that the
+    antialiased resize still makes the last halving as it would from the full image: a 12 MP
+    phone photo costs about 40% of a full decode.
     """
-    if (
-        header.format is ImageFormat.JPEG
-        and short_side is not None
-        and (min(header.width, header.height) >= 4 * short_side)
-    ):
-        scaled: torch.Tensor = pil_to_tensor(_decode_jpeg_scaled(data, header, short_side))
-        return scaled
     if header.format is ImageFormat.JPEG:
+        factor = dct_factor(header, short_side)
         try:
-            image: torch.Tensor = decode_jpeg(
-                as_byte_tensor(data), mode=ImageReadMode.RGB, apply_exif_orientation=True
-            )
-            return image
-        except Exception as exc:
-            # The message holds the decoder's source path: keep it out of client responses.
-            raise InvalidImageError("the JPEG data is corrupt or truncated") from exc
-    pixels: torch.Tensor = pil_to_tensor(_decode_with_pillow(data, header.format))
-    return pixels
+            pixels = simplejpeg.decode_jpeg(
+                data, colorspace="RGB", min_height=math.ceil(header.height / factor),
+                min_width=math.ceil(header.width / factor),
+            )  # fmt: skip
+        except ValueError:  # corrupt, or a colour space it does not convert (CMYK, YCCK)
+            pass
+        else:
+            upright = torch.from_numpy(pixels).permute(2, 0, 1)
+            return apply_orientation(upright, header.orientation)
+    pixels = np.array(_decode_with_pillow(data, header.format))
+    return torch.from_numpy(pixels).permute(2, 0, 1)
 
 
-def _decode_jpeg_scaled(data: Buffer, header: ImageHeader, short_side: int) -> Image.Image:
-    image = open_image(data, ImageFormat.JPEG)
-    scale = 2 * short_side / min(header.width, header.height)
-    # Pillow picks the largest reduction that still gives at least this size.
-    image.draft("RGB", (math.ceil(header.width * scale), math.ceil(header.height * scale)))
-    try:
-        image.load()
-        image = ImageOps.exif_transpose(image) or image
-        return to_rgb(image)
-    except Exception as exc:
-        raise InvalidImageError("the JPEG data is corrupt or truncated") from exc
+def dct_factor(header: ImageHeader, short_side: int | None) -> int:
+    """How many times smaller libjpeg-turbo decodes this JPEG: the largest power of two up to
+    8 that keeps its short side at least twice ``short_side``, once it is four times it."""
+    short = min(header.width, header.height)
+    if short_side is None or short < 4 * short_side:
+        return 1
+    factor = 2
+    while factor < 8 and math.ceil(short / (factor * 2)) >= 2 * short_side:
+        factor *= 2
+    return factor
+
+
+def apply_orientation(image: torch.Tensor, orientation: int) -> torch.Tensor:
+    """Make ``image[..., H, W]`` upright for an EXIF orientation (1..8), like Pillow's
+    ``ImageOps.exif_transpose``: libjpeg-turbo and nvjpeg decode the stored pixels as they are."""
+    if orientation == 2:
+        return image.flip(-1)
+    if orientation == 3:
+        return image.flip(-2, -1)
+    if orientation == 4:
+        return image.flip(-2)
+    if orientation == 5:
+        return image.transpose(-2, -1)
+    if orientation == 6:
+        return torch.rot90(image, k=-1, dims=(-2, -1))
+    if orientation == 7:
+        return image.transpose(-2, -1).flip(-2, -1)
+    if orientation == 8:
+        return torch.rot90(image, k=1, dims=(-2, -1))
+    return image
 
 
 def _decode_with_pillow(data: Buffer, fmt: ImageFormat) -> Image.Image:

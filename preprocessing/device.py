@@ -12,35 +12,14 @@ import logging
 from collections.abc import Sequence
 
 import torch
-from torchvision.io import ImageReadMode, decode_jpeg
 
-from preprocessing.decode import as_byte_tensor, decode_cpu
+from preprocessing.decode import apply_orientation, as_byte_tensor, decode_cpu
 from preprocessing.errors import PreprocessingError
 from preprocessing.formats import Buffer, ImageHeader
 
 logger = logging.getLogger("batchserve")
 
 Decoded = torch.Tensor | BaseException
-
-
-def apply_orientation(image: torch.Tensor, orientation: int) -> torch.Tensor:
-    """Make ``image[..., H, W]`` upright for an EXIF orientation (1..8), like Pillow's
-    ``ImageOps.exif_transpose``. Needed on the device: nvjpeg ignores EXIF."""
-    if orientation == 2:
-        return image.flip(-1)
-    if orientation == 3:
-        return image.flip(-2, -1)
-    if orientation == 4:
-        return image.flip(-2)
-    if orientation == 5:
-        return image.transpose(-2, -1)
-    if orientation == 6:
-        return torch.rot90(image, k=-1, dims=(-2, -1))
-    if orientation == 7:
-        return image.transpose(-2, -1).flip(-2, -1)
-    if orientation == 8:
-        return torch.rot90(image, k=1, dims=(-2, -1))
-    return image
 
 
 def decode_jpegs(
@@ -69,6 +48,9 @@ def decode_jpegs(
 
 
 def _decode(data: list[torch.Tensor], device: torch.device) -> list[torch.Tensor]:
+    # Imported here: torchvision is needed for nvjpeg only, and importing it costs seconds.
+    from torchvision.io import ImageReadMode, decode_jpeg
+
     result: list[torch.Tensor] = decode_jpeg(data, mode=ImageReadMode.RGB, device=device)
     return result
 

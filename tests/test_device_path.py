@@ -25,7 +25,8 @@ from benchmarks.pipeline_checks import (
 )
 from preprocessing import InvalidImageError, TransformConfig, decode_cpu, prepare, read_header
 from preprocessing import device as device_decode
-from preprocessing.device import apply_orientation, decode_jpegs
+from preprocessing.decode import apply_orientation
+from preprocessing.device import decode_jpegs
 from preprocessing.staging import PinnedStaging, host_buffer
 from tests import images
 from tests.checks import assert_same_prediction

@@ -24,6 +24,7 @@ from preprocessing import (
     read_header,
     sniff,
 )
+from preprocessing.transforms import Interpolation, resize_crop
 from tests import images
 
 
@@ -205,6 +206,30 @@ def test_matches_torchvision_weights_transforms(size: tuple[int, int]) -> None:
     difference = (ours - reference_pil).abs()
     assert difference.mean() < 0.02
     assert difference.max() < 0.35
+
+
+@pytest.mark.parametrize("mode", ["bilinear", "bicubic", "nearest"])
+@pytest.mark.parametrize("layout", ["chw", "hwc"])
+def test_the_transform_is_torchvisions_own(mode: str, layout: str) -> None:
+    """Resize, crop and normalisation give torchvision's exact numbers (its tensor transforms,
+    which the server does not import), for planar and interleaved (decoded HWC) images."""
+    from torchvision.transforms import InterpolationMode
+
+    config = TransformConfig(interpolation=Interpolation(mode))
+    generator = torch.Generator().manual_seed(7)
+    for height, width in [(375, 500), (500, 375), (256, 300), (1024, 200), (301, 257)]:
+        pixels = torch.randint(0, 256, (height, width, 3), dtype=torch.uint8, generator=generator)
+        image = pixels.permute(2, 0, 1) if layout == "hwc" else pixels.permute(2, 0, 1).clone()
+        ours = resize_crop(image, config)
+        theirs = F.center_crop(
+            F.resize(image, [256], InterpolationMode(mode), antialias=True), [224, 224]
+        )
+        assert torch.equal(ours, theirs), (mode, layout, height, width)
+        batch = torch.empty(1, 3, 224, 224)
+        normalize_into([ours], batch, config)
+        expected = F.normalize(F.to_dtype(theirs, torch.float32, scale=True), config.mean,
+                               config.std)  # fmt: skip
+        assert torch.equal(batch[0], expected)
 
 
 def test_normalize_into_fills_a_channels_last_bf16_buffer_in_place() -> None:

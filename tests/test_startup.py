@@ -129,3 +129,86 @@ async def test_an_unloaded_version_stops_warming_up() -> None:
         await version.unload(1.0)
         await asyncio.sleep(0)
         assert warming.cancelled() or warming.done()
+
+
+TORCHVISION_MODEL = "squeezenet1_1"  # small, and its exports agree with eager PyTorch
+
+
+@pytest.mark.parametrize("backend", ["torch", "openvino"])
+def test_a_kept_artefact_serves_without_building_the_eager_model(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, backend: str
+) -> None:
+    """The second start of a torchvision model reads its card and the kept verdict of its
+    artefact (TorchScript, or OpenVINO's start-up check): the model is never built, so
+    torchvision is not even imported, and the answers are the first start's."""
+    import subprocess
+    import sys
+
+    from app.engine import InferenceRequest
+    from app.engine import loading as loading_module
+    from app.engine.cards import card_path
+
+    settings = make_settings(model=TORCHVISION_MODEL, weights="none", backend=backend,
+                             artifacts_dir=tmp_path / "artifacts")  # fmt: skip
+    first = build_engine(settings, settings.batch_config("cpu"))
+    card = card_path(settings)
+    assert card is not None
+    assert card.is_file()
+
+    def never(*args: Any, **kwargs: Any) -> Any:
+        raise AssertionError("the eager model was built")
+
+    monkeypatch.setattr(loading_module, "_load_torchvision", never)
+    again = build_engine(settings, settings.batch_config("cpu"))
+    assert again.backend.name == backend
+    assert again.labels == first.labels
+    assert again.transform == first.transform
+    pictures = [images.jpeg(images.photo(320, 240, seed=seed)) for seed in range(3)]
+    answers = [
+        engine.run_batch([InferenceRequest(engine.prepare(data), 3) for data in pictures])
+        for engine in (first, again)
+    ]
+    for mine, theirs in zip(*answers, strict=True):
+        assert not isinstance(mine, BaseException)
+        assert not isinstance(theirs, BaseException)
+        assert [c["index"] for c in mine.classes] == [c["index"] for c in theirs.classes]
+
+    script = (
+        "import sys\nfrom app.engine import build_engine\nfrom app.settings import Settings\n"
+        f"s = Settings(_env_file=None, model={TORCHVISION_MODEL!r}, weights='none', "
+        f"backend={backend!r}, precision='fp32', max_batch_size=8, "
+        f"artifacts_dir={str(tmp_path / 'artifacts')!r})\n"
+        "build_engine(s, s.batch_config('cpu')).warmup((1,))\n"
+        "assert 'torchvision' not in sys.modules, 'torchvision was imported'\n"
+    )
+    done = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True,
+                          cwd=Path(__file__).parent.parent)  # fmt: skip
+    assert done.returncode == 0, done.stderr[-2000:]
+
+
+def test_a_card_that_no_longer_fits_its_weights_stops_the_start(tmp_path: Path) -> None:
+    """A card that says other weights than the settings build (as a checkpoint rewritten in
+    place with the same size and time would leave): the first time the module is needed (here:
+    an artefact to export again), the start stops instead of exporting under the wrong name."""
+    import json
+    import shutil
+
+    from app.engine.cards import card_path
+    from app.engine.loading import ModelLoadError
+
+    settings = make_settings(model=TORCHVISION_MODEL, weights="none", backend="onnxruntime",
+                             artifacts_dir=tmp_path / "artifacts")  # fmt: skip
+    first = build_engine(settings, settings.batch_config("cpu"))
+    card = card_path(settings)
+    assert card is not None
+    kept = json.loads(card.read_text())
+    card.write_text(json.dumps({**kept, "digest": "0" * 64}))
+    shutil.rmtree(Path(first.backend.describe()["artifact"]).parent)
+    with pytest.raises(ModelLoadError, match="remove the card"):
+        build_engine(settings, settings.batch_config("cpu"))
+
+
+def test_a_factory_model_gets_no_card() -> None:
+    from app.engine.cards import card_path
+
+    assert card_path(make_settings()) is None  # its code may change under the same settings

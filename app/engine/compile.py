@@ -13,7 +13,9 @@
 - ``none``: eager PyTorch.
 
 Whatever the mode, the result is checked against the eager model on a probe batch; a model
-that cannot be traced or that disagrees falls back to eager, with a warning.
+that cannot be traced or that disagrees falls back to eager, with a warning. A TorchScript
+artefact that passed keeps that verdict beside it, bound to its sha256, the torch version, the
+dtype and the device: a later start loads it without building the eager model (``kept``).
 """
 
 from __future__ import annotations
@@ -27,7 +29,11 @@ from typing import Literal
 import torch
 from torch import nn
 
+from app.engine.artifacts import file_sha256, keep_json, read_json
+
 logger = logging.getLogger("batchserve")
+
+VERDICT = "check.json"  # beside a TorchScript artefact: it agreed with the eager model
 
 CompileMode = Literal["auto", "none", "torchscript", "inductor"]
 
@@ -65,10 +71,10 @@ def optimize(
             else:  # none yet, or made from other code with the same weights: build it again
                 optimized = _build(model, mode, probe, artifact)
                 candidate = optimized(probe).float()
+            drift = _drift(candidate, reference)
     except Exception as exc:
         logger.warning("could not compile the model with %s (%s); serving it eagerly", mode, exc)
         return model, "none"
-    drift = _drift(candidate, reference)
     tolerance = _tolerance(probe)
     if not torch.isfinite(candidate).all() or drift > tolerance:
         logger.warning(
@@ -78,7 +84,32 @@ def optimize(
         )  # fmt: skip
         return model, "none"
     logger.info("compiled the model with %s (relative drift %.2g)", mode, drift)
+    if mode == "torchscript" and artifact is not None and artifact.is_file():
+        keep_json(artifact.with_name(VERDICT), {
+            "bound_to": _binding(artifact, probe.dtype, probe.device),
+            "drift": drift, "tolerance": tolerance,
+        })  # fmt: skip
     return optimized, mode
+
+
+def kept(artifact: Path, dtype: torch.dtype, device: torch.device) -> nn.Module | None:
+    """The TorchScript model at ``artifact`` if it passed its check against the eager model
+    before (its kept verdict is bound to this very file, torch version, dtype and device)."""
+    record = read_json(artifact.with_name(VERDICT))
+    if record is None or not artifact.is_file():
+        return None
+    if record.get("bound_to") != _binding(artifact, dtype, device):
+        return None
+    probe = torch.empty(0, device=device, dtype=dtype)
+    loaded = _cached(artifact, probe)
+    if loaded is not None:
+        logger.info("the TorchScript model %s agreed with the eager one before", artifact)
+    return loaded
+
+
+def _binding(artifact: Path, dtype: torch.dtype, device: torch.device) -> dict[str, str]:
+    return {"sha256": file_sha256(artifact), "torch": torch.__version__, "dtype": str(dtype),
+            "device": device.type}  # fmt: skip
 
 
 def _drift(candidate: torch.Tensor, reference: torch.Tensor) -> float:

@@ -23,8 +23,9 @@ from app.engine.artifacts import (
     weights_digest,
 )
 from app.engine.backends import Backend, TorchBackend
+from app.engine.cards import load_described
 from app.engine.choice import choose_backend
-from app.engine.compile import resolve_compile
+from app.engine.compile import kept, resolve_compile
 from app.engine.device import (
     NAMES,
     precision_candidates,
@@ -58,11 +59,12 @@ NNCF = "-nncf"  # INT8 OpenVINO artefacts: NNCF's post-training quantization of 
 
 
 def load_configured_model(settings: Settings) -> LoadedModel:
-    """The model the settings name, with their weights, labels and input sizes."""
-    return load_model(
+    """The model the settings name, with their weights, labels and input sizes: from its kept
+    card when there is one (the module is then built only if something needs it)."""
+    return load_described(settings, lambda: load_model(
         settings.model, settings.weights, settings.labels, settings.image_size,
         settings.resize_size,
-    )  # fmt: skip
+    ))  # fmt: skip
 
 
 def build_engine(
@@ -186,11 +188,8 @@ def _build_backend(
 ) -> Backend:
     if settings.backend == "torch":
         # Its own copy when other backends may be built from the same module after it.
-        module = copy.deepcopy(loaded.module) if own_copy else loaded.module
         with phases.phase("compile"):  # TorchScript: traced and frozen, or loaded
-            return torch_backend(
-                settings, dataclasses.replace(loaded, module=module), device, config
-            )
+            return torch_backend(settings, loaded.copied() if own_copy else loaded, device, config)
     return runtime_backend(settings, loaded, device, config, phases)
 
 
@@ -207,17 +206,17 @@ def torch_backend(
     mode = resolve_compile(settings.compile, device)
 
     def build(dtype: torch.dtype) -> Backend:
+        artifact = (torchscript_artifact(settings.artifacts_dir, loaded, dtype, device)
+                    if mode == "torchscript" else None)  # fmt: skip
+        compiled = kept(artifact, dtype, device) if artifact is not None else None
+        if compiled is not None:  # checked against this model before: no eager model needed
+            return TorchBackend(None, device, dtype, shape, compile_mode=mode,
+                                cuda_graphs=settings.cuda_graphs, compiled=compiled)  # fmt: skip
         # Each candidate converts its own copy: .to(dtype) changes a module in place.
         module = loaded.module if len(candidates) == 1 else copy.deepcopy(loaded.module)
         return TorchBackend(
-            module,
-            device,
-            dtype,
-            shape,
-            compile_mode=mode,
-            cuda_graphs=settings.cuda_graphs,
-            compiled_artifact=torchscript_artifact(settings.artifacts_dir, loaded, dtype, device)
-            if mode == "torchscript" else None,
+            module, device, dtype, shape, compile_mode=mode, cuda_graphs=settings.cuda_graphs,
+            compiled_artifact=artifact,
         )  # fmt: skip
 
     backend, rates = fastest(candidates, build, shape, min(8, config.max_batch_size))
@@ -259,11 +258,9 @@ def artifact_key(loaded: LoadedModel, precision: str, exporter: str) -> Artifact
 
 
 def loaded_digest(loaded: LoadedModel) -> str:
-    cached: str | None = getattr(loaded.module, "_batchserve_digest", None)
-    if cached is None:
-        cached = weights_digest(loaded.module)
-        loaded.module._batchserve_digest = cached  # type: ignore[assignment]
-    return cached
+    if loaded.digest is None:
+        loaded.digest = weights_digest(loaded.module)
+    return loaded.digest
 
 
 def ensure_onnx(root: Path, loaded: LoadedModel) -> Path:

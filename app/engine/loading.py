@@ -2,23 +2,22 @@
 
 from __future__ import annotations
 
+import copy
 import difflib
 import importlib
 import logging
 import os
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 from urllib.parse import urlparse
 
 import torch
-import torchvision
 from torch import nn
-from torchvision.models import get_model, get_model_weights, list_models
-from torchvision.transforms import InterpolationMode
 
 from preprocessing import TransformConfig
+from preprocessing.transforms import Interpolation
 
 logger = logging.getLogger("batchserve")
 
@@ -31,13 +30,53 @@ class ModelLoadError(RuntimeError):
     """The model, its weights or its labels cannot be used; the message says why and what to do."""
 
 
-@dataclass(frozen=True)
 class LoadedModel:
-    name: str
-    module: nn.Module
-    weights: str  # "random", a torchvision weights name, or the checkpoint's path
-    labels: tuple[str, ...]
-    transform: TransformConfig
+    """A model: its name, weights, labels and evaluation transform, and its eager module.
+
+    Described by a kept model card (``app.engine.cards``), it has no module until one is asked
+    for: a start that serves a checked artefact never builds the eager model. ``digest`` is
+    the weights digest that names its artefacts (computed from the module when not known).
+    """
+
+    def __init__(
+        self,
+        name: str,
+        module: nn.Module | None,
+        weights: str,  # "random", a torchvision weights name, or the checkpoint's path
+        labels: tuple[str, ...],
+        transform: TransformConfig,
+        *,
+        build: Callable[[], nn.Module] | None = None,
+        digest: str | None = None,
+    ) -> None:
+        if module is None and build is None:
+            raise ValueError("a module, or a way to build it")
+        self.name = name
+        self.weights = weights
+        self.labels = labels
+        self.transform = transform
+        self.digest = digest
+        self._module = module
+        self._build = build
+
+    @property
+    def built(self) -> bool:
+        return self._module is not None
+
+    @property
+    def module(self) -> nn.Module:
+        if self._module is None:
+            assert self._build is not None
+            self._module = self._build()
+        return self._module
+
+    def copied(self) -> LoadedModel:
+        """The same model with a copy of its module of its own (made when first asked for),
+        for a backend that converts the module in place."""
+        return LoadedModel(
+            self.name, None, self.weights, self.labels, self.transform,
+            build=lambda: copy.deepcopy(self.module), digest=self.digest,
+        )  # fmt: skip
 
 
 @dataclass(frozen=True)
@@ -75,8 +114,14 @@ def load_model(
 # -- torchvision models -------------------------------------------------------------------
 
 
+# torchvision is imported where a model is built, not with this module: importing it imports
+# torch._dynamo, seconds that a start serving a kept artefact does not need to spend.
+
+
 def classification_models() -> list[str]:
-    names: list[str] = list_models(module=torchvision.models)
+    import torchvision
+
+    names: list[str] = torchvision.models.list_models(module=torchvision.models)
     return names
 
 
@@ -88,6 +133,8 @@ def _load_torchvision(
         close = difflib.get_close_matches(name, known, n=3)
         hint = f"; did you mean {', '.join(close)}?" if close else ""
         raise ModelLoadError(f"unknown torchvision classification model {name!r}{hint}")
+    from torchvision.models import get_model, get_model_weights
+
     enum = get_model_weights(name)
     default = enum.DEFAULT
     preset = _preset(default)
@@ -134,6 +181,8 @@ def _load_torchvision(
 def _random(name: str, num_classes: int | None) -> nn.Module:
     """The architecture with seeded random weights: every replica, and every engine a benchmark
     compares, gets the same ones (the global random state is left as it was)."""
+    from torchvision.models import get_model
+
     kwargs: dict[str, Any] = {} if num_classes is None else {"num_classes": num_classes}
     with torch.random.fork_rng(devices=[]):
         torch.manual_seed(0)
@@ -220,6 +269,7 @@ def _cache_path(weights: Any) -> str:
 def _preset(weights: Any) -> _Preset:
     transform = weights.transforms()
     categories = weights.meta.get("categories")
+    mode = getattr(transform, "interpolation", None)  # torchvision's InterpolationMode
 
     def first(value: Any) -> int:
         return int(value[0] if isinstance(value, list | tuple) else value)
@@ -230,7 +280,7 @@ def _preset(weights: Any) -> _Preset:
             resize_size=first(getattr(transform, "resize_size", 256)),
             mean=tuple(getattr(transform, "mean", TransformConfig.mean)),
             std=tuple(getattr(transform, "std", TransformConfig.std)),
-            interpolation=getattr(transform, "interpolation", InterpolationMode.BILINEAR),
+            interpolation=Interpolation(mode.value) if mode is not None else Interpolation.BILINEAR,
         ),
         tuple(categories) if categories else None,
     )

@@ -29,7 +29,7 @@ class TorchBackend(Backend):
 
     def __init__(
         self,
-        module: nn.Module,
+        module: nn.Module | None,
         device: torch.device,
         dtype: torch.dtype,
         input_shape: tuple[int, int, int],
@@ -37,18 +37,26 @@ class TorchBackend(Backend):
         compile_mode: str = "none",
         cuda_graphs: bool = False,
         compiled_artifact: Path | None = None,
+        compiled: nn.Module | None = None,
     ) -> None:
+        """``compiled``: a model ``compile_mode`` made and checked before (a kept TorchScript
+        artefact), served as it is; otherwise ``module`` is compiled and checked here."""
         self.device = device
         self.input_dtype = dtype
         self.precision = NAMES[dtype]
         self.input_shape = input_shape
-        model = module.to(device=device, dtype=dtype)
-        model.to(memory_format=torch.channels_last)
-        model.eval()
-        # A random probe (not zeros, which only exercise the biases) checks a compiled model.
-        probe = torch.randn((2, *input_shape), generator=torch.Generator().manual_seed(0))
-        probe = probe.to(device=device, dtype=dtype).contiguous(memory_format=torch.channels_last)
-        self.model, self.compile_mode = optimize(model, compile_mode, probe, compiled_artifact)
+        if compiled is not None:
+            self.model, self.compile_mode = compiled, compile_mode
+        else:
+            assert module is not None, "a module to compile, or a compiled one"
+            model = module.to(device=device, dtype=dtype)
+            model.to(memory_format=torch.channels_last)
+            model.eval()
+            # A random probe (not zeros, which only exercise the biases) checks what is made.
+            probe = torch.randn((2, *input_shape), generator=torch.Generator().manual_seed(0))
+            probe = probe.to(device=device, dtype=dtype)
+            probe = probe.contiguous(memory_format=torch.channels_last)
+            self.model, self.compile_mode = optimize(model, compile_mode, probe, compiled_artifact)
         self._capture = cuda_graphs and device.type == "cuda"
         self._graphs: CudaGraphs | None = None
         self.fixed_shapes = self._capture or self.compile_mode == "inductor"

@@ -1,0 +1,144 @@
+"""Model cards: what a start needs to know of a model without building it.
+
+A start that serves a kept, checked artefact (an ONNX or OpenVINO model with its start-up
+verdict, or a TorchScript model with its drift verdict) needs the model's labels, its
+evaluation transform and the digest of its weights (which names the artefacts), not the eager
+module: building that (importing torchvision, initialising or reading the weights, hashing
+them) took a third of a cached start. The first start that builds the model keeps a card of it
+beside the artefacts; later starts with the same settings read the card, and build the module
+only if something asks for it (a missing artefact, a check to run again).
+
+A card is keyed by everything the model depends on: the model's name and weights setting, the
+checkpoint file's path, size and modification time, the labels file's contents, the input
+sizes, the torch and torchvision versions, and for pretrained weights the torch hub cache's
+state. Only torchvision's architectures get cards: a ``package.module:factory`` model's code
+can change under the same settings, so it is always built. A module built later for a card
+must have the card's digest, or the start stops (the card is stale: remove it).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import importlib.metadata
+import json
+import logging
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+from torch import nn
+
+from app.engine.artifacts import keep_json, read_json, weights_digest
+from app.engine.loading import LoadedModel, ModelLoadError
+from app.settings import Settings
+from preprocessing import TransformConfig
+
+logger = logging.getLogger("batchserve")
+
+FOLDER = "model-cards"
+
+
+def _version(distribution: str) -> str:
+    try:
+        return importlib.metadata.version(distribution)
+    except importlib.metadata.PackageNotFoundError:
+        return "-"
+
+
+def _file_identity(path: Path) -> list[Any] | None:
+    try:
+        stat = path.stat()
+    except OSError:
+        return None
+    return [str(path.resolve()), stat.st_size, stat.st_mtime_ns]
+
+
+def _hub_state() -> list[Any] | None:
+    """The torch hub cache's checkpoints folder (pretrained weights appear or go there)."""
+    import torch
+
+    return _file_identity(Path(torch.hub.get_dir()) / "checkpoints")
+
+
+def card_path(settings: Settings) -> Path | None:
+    """Where the card of the model these settings name is kept, or None for a model that gets
+    no card (a factory's)."""
+    if ":" in settings.model:
+        return None
+    weights = settings.weights.strip()
+    labels = settings.labels
+    checkpoint = Path(weights).is_file()
+    key = {
+        "model": settings.model,
+        "weights": weights,
+        "checkpoint": _file_identity(Path(weights)) if checkpoint else None,
+        # Pretrained weights come from the hub cache (WEIGHTS=auto falls back to random
+        # weights when they are not there): a file added or removed there makes a new card.
+        "hub": None if checkpoint or weights.lower() == "none" else _hub_state(),
+        "labels": hashlib.sha256(labels.read_bytes()).hexdigest() if labels else None,
+        "image_size": settings.image_size,
+        "resize_size": settings.resize_size,
+        "versions": {name: _version(name) for name in ("torch", "torchvision")},
+    }
+    digest = hashlib.sha256(json.dumps(key, sort_keys=True).encode()).hexdigest()[:20]
+    return settings.artifacts_dir / FOLDER / f"{digest}.json"
+
+
+def keep_card(path: Path, loaded: LoadedModel, digest: str) -> None:
+    transform = loaded.transform
+    keep_json(path, {
+        "name": loaded.name, "weights": loaded.weights, "digest": digest,
+        "labels": list(loaded.labels),
+        "transform": {"crop_size": transform.crop_size, "resize_size": transform.resize_size,
+                      "mean": list(transform.mean), "std": list(transform.std),
+                      "interpolation": transform.interpolation.value},
+    })  # fmt: skip
+
+
+def from_card(path: Path, build: Callable[[], nn.Module]) -> LoadedModel | None:
+    """The model a kept card describes, its module built by ``build()`` when first asked
+    for (and checked against the card's digest then), or None when there is no usable card."""
+    card = read_json(path)
+    if card is None:
+        return None
+    try:
+        values = card["transform"]
+        transform = TransformConfig(
+            crop_size=int(values["crop_size"]), resize_size=int(values["resize_size"]),
+            mean=tuple(values["mean"]), std=tuple(values["std"]),
+            interpolation=values["interpolation"],
+        )  # fmt: skip
+        labels = tuple(str(label) for label in card["labels"])
+        digest, name, weights = str(card["digest"]), str(card["name"]), str(card["weights"])
+    except (KeyError, TypeError, ValueError):
+        logger.warning("ignoring the unreadable model card %s", path)
+        return None
+
+    def checked_build() -> nn.Module:
+        module = build()
+        if weights_digest(module) != digest:
+            raise ModelLoadError(
+                f"the model card {path} no longer describes {name} as these settings build it "
+                f"(its weights changed): remove the card"
+            )
+        return module
+
+    logger.info("model %s from its card (%s): built only if needed", name, path)
+    return LoadedModel(name, None, weights, labels, transform, build=checked_build,
+                       digest=digest)  # fmt: skip
+
+
+def load_described(settings: Settings, load: Callable[[], LoadedModel]) -> LoadedModel:
+    """The model the settings name: from its card when one is kept, else ``load()`` (which
+    builds it), keeping a card for the next start."""
+    path = card_path(settings)
+    if path is not None:
+        described = from_card(path, lambda: load().module)
+        if described is not None:
+            return described
+    loaded = load()
+    if path is not None:
+        if loaded.digest is None:
+            loaded.digest = weights_digest(loaded.module)
+        keep_card(path, loaded, loaded.digest)
+    return loaded
