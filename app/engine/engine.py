@@ -272,7 +272,8 @@ class InferenceEngine:
         """
         sizes = tuple(sorted(set(batch_sizes or self.buckets)))
         self.backend.prepare(self.buckets)
-        prepared = [self.prepare(data) for data in warmup_images()]
+        # Two sizes are enough to run decoding and resizing; batches repeat them.
+        prepared = [self.prepare(data) for data in warmup_images(2)]
         timings: dict[int, float] = {}
         for batch_size in sizes:
             requests = [

@@ -34,17 +34,25 @@ def synthetic_photo(width: int, height: int, seed: int) -> Image.Image:
     return Image.blend(image, noise, 0.12)
 
 
+def synthetic_jpeg(index: int, quality: int = 90, seed: int = 0) -> bytes:
+    """The ``index``-th photo-like JPEG of a series, in the usual sizes in turn."""
+    width, height = SIZES[index % len(SIZES)]
+    buffer = io.BytesIO()
+    synthetic_photo(width, height, seed + index).save(buffer, "JPEG", quality=quality)
+    return buffer.getvalue()
+
+
 def synthetic_jpegs(count: int, quality: int = 90, seed: int = 0) -> list[bytes]:
     """``count`` photo-like JPEGs in the usual sizes (deterministic for a seed)."""
-    images = []
-    for index in range(count):
-        width, height = SIZES[index % len(SIZES)]
-        buffer = io.BytesIO()
-        synthetic_photo(width, height, seed + index).save(buffer, "JPEG", quality=quality)
-        images.append(buffer.getvalue())
-    return images
+    return [synthetic_jpeg(index, quality, seed) for index in range(count)]
 
 
 @functools.cache
+def _warmup_image(index: int) -> bytes:
+    return synthetic_jpeg(index, seed=10_000)
+
+
 def warmup_images(count: int = 8) -> tuple[bytes, ...]:
-    return tuple(synthetic_jpegs(count, seed=10_000))
+    """The start-up check's images (made once per process, each when first needed: making one
+    takes tens of milliseconds, and a warm-up needs only a couple)."""
+    return tuple(_warmup_image(index) for index in range(count))
