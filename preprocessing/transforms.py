@@ -4,9 +4,10 @@ The same arithmetic as torchvision's ``Resize(resize_size, antialias=True)``,
 ``CenterCrop(crop_size)``, ``ToDtype(float32, scale=True)`` and ``Normalize(mean, std)`` on
 tensors (the tests hold them to it), done with torch's own ``interpolate`` rather than through
 torchvision: importing torchvision imports every model and operator it ships, and with them
-``torch._dynamo``, which cost about 1.7 s of a 4.5 s cold start on a 2-core AMD EPYC for
-nothing that serves. Resizing a uint8 image with antialiased bilinear interpolation stays in
-uint8 on a CPU with AVX2 (torch's fast path), as torchvision does.
+``torch._dynamo``: more than a second of every cold start for nothing that serves
+(``benchmarks/results/coldstart-before-cards.md`` against ``coldstart.md``). Resizing a uint8
+image with antialiased bilinear interpolation stays in uint8 on a CPU with AVX2 (torch's fast
+path), as torchvision does.
 """
 
 from __future__ import annotations
