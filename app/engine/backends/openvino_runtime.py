@@ -5,7 +5,7 @@ forward passes run one at a time, as they do on a CPU whatever ``MAX_INFLIGHT_BA
 (a second batch in flight only gets ready ahead); ``THROUGHPUT`` (several streams) only when
 batches really overlap, and then each batch thread gets its own infer request and forward
 passes are not serialised. With two streams and one batch computing, each stream has half of
-the threads: resnet18 ran at 69 images/s that way against 122 with ``LATENCY`` on a 2-core AMD
+the threads: resnet18 ran at 61 images/s that way against 113 with ``LATENCY`` on a 2-core AMD
 EPYC. Requests run with the synchronous ``infer`` (which releases the GIL): asynchronous
 requests were no faster over two runs, and on two cores the THROUGHPUT hint with two callers
 was slower than LATENCY with one
