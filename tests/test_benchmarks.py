@@ -170,3 +170,37 @@ async def test_the_multipart_body_the_peer_benchmark_sends_is_one_file_field() -
         form = await client.post("/predict", content=form_body(image), headers=headers)
     assert form.status_code == 200, form.text
     assert form.json()["predictions"] == raw.json()["predictions"]
+
+
+def test_the_served_profile_counts_each_threads_cpu_and_names_its_role() -> None:
+    import os
+    import threading
+    import time
+
+    from benchmarks import served_profile
+
+    stop = threading.Event()
+
+    def spin() -> None:
+        while not stop.is_set():
+            sum(range(1000))
+
+    worker = threading.Thread(target=spin)
+    before = served_profile.thread_ticks(os.getpid())
+    worker.start()
+    time.sleep(0.5)
+    after = served_profile.thread_ticks(os.getpid())
+    stop.set()
+    worker.join()
+    assert worker.native_id in after
+    assert after[worker.native_id] - before.get(worker.native_id, 0) > 0  # it used the CPU
+    assert served_profile.role("MainThread") == "event loop"
+    assert served_profile.role("decode_1") == "decode threads"
+    assert served_profile.role("run-batch_0") == "batch threads"
+    assert served_profile.role(None) == "runtime threads (intra-op pool)"
+    assert served_profile.package("guarded (app/http/calls.py:40)") == (
+        "batchserve middleware and HTTP helpers"
+    )
+    assert served_profile.package("send (uvicorn/protocols/http/httptools_impl.py:524)") == (
+        "uvicorn"
+    )
