@@ -39,6 +39,16 @@ def _jpeg(array: np.ndarray[Any, Any]) -> bytes:
     return buffer.getvalue()
 
 
+def phone_photo(data: bytes, long_side: int = 4032) -> bytes:
+    """``data`` as a phone camera would take it: 12 MP (4032 px on the long side), JPEG 90."""
+    image = Image.open(io.BytesIO(data)).convert("RGB")
+    scale = long_side / max(image.size)
+    size = (round(image.width * scale), round(image.height * scale))
+    buffer = io.BytesIO()
+    image.resize(size, Image.Resampling.LANCZOS).save(buffer, "JPEG", quality=90)
+    return buffer.getvalue()
+
+
 def _png(path: Path) -> bytes:
     return _jpeg(np.asarray(Image.open(path).convert("RGB")))
 

@@ -104,25 +104,14 @@ def test_phone_photos_decoded_scaled_keep_their_answers() -> None:
     for every one, and probabilities within bounds measured here (over all twenty: largest
     difference 0.061, mean total variation 0.026 on an Intel Xeon; a decoder change moves them
     more than fp32's 1e-3 start-up tolerance, as re-encoding a JPEG does)."""
-    import io
-
     import torch
-    from PIL import Image
 
     from preprocessing import TransformConfig, decode_cpu, normalize_into, read_header
     from preprocessing.transforms import resize_crop
-    from tests.real_model import efficientnet_lite0
+    from tests.real_model import efficientnet_lite0, phone_photo
 
     model = efficientnet_lite0().eval()
     config = TransformConfig()
-
-    def phone(data: bytes) -> bytes:
-        image = Image.open(io.BytesIO(data)).convert("RGB")
-        scale = 4032 / max(image.size)
-        size = (round(image.width * scale), round(image.height * scale))
-        buffer = io.BytesIO()
-        image.resize(size, Image.Resampling.LANCZOS).save(buffer, "JPEG", quality=90)
-        return buffer.getvalue()
 
     def probabilities(data: bytes, short_side: int | None) -> torch.Tensor:
         pixels = resize_crop(decode_cpu(data, read_header(data), short_side), config)
@@ -133,7 +122,7 @@ def test_phone_photos_decoded_scaled_keep_their_answers() -> None:
 
     variations = []
     for name, data in list(photos().items())[::2]:  # ten of them: a 12 MP decode is slow
-        big = phone(data)
+        big = phone_photo(data)
         whole, scaled = probabilities(big, None), probabilities(big, config.resize_size)
         assert int(whole.argmax()) == int(scaled.argmax()), name
         assert float((whole - scaled).abs().max()) <= 0.1, name
