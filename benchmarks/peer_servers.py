@@ -169,9 +169,9 @@ def markdown(data: dict[str, Any]) -> str:
 rounds, a fresh process for every server in every round, {data["duration_s"]} s per load after
 a warm-up; wrk on the same machine posting the same images as multipart field `file`.
 batchserve: {", ".join(data["configs"])} (`BACKEND=auto` unless a configuration names a
-backend; INT8 built from random weights and served ungated, for throughput only). Peers ({peers}) written as their
-documentation shows (`benchmarks/peer_apps`): eager torchvision model, torchvision transforms,
-dynamic batching with the same batch size and a 10 ms window.
+backend; INT8 built from random weights and served ungated, for throughput only). Peers
+({peers}) written as their documentation shows (`benchmarks/peer_apps`): eager torchvision
+model, torchvision transforms, dynamic batching with the same batch size and a 10 ms window.
 
 {
         table(
