@@ -50,23 +50,13 @@ def seconds_per_image(images: list[bytes], short_side: int | None) -> float:
 
 def accuracy() -> dict[str, Any]:
     """efficientnet-lite0 on the twenty photos as phone pictures, decoded whole and scaled."""
-    from preprocessing import normalize_into
-    from tests.real_model import efficientnet_lite0, phone_photo, photos
+    from tests.real_model import efficientnet_lite0, phone_photo, photos, whole_and_scaled
 
     model = efficientnet_lite0().eval()
-    config = TransformConfig()
-
-    def probabilities(data: bytes, short_side: int | None) -> torch.Tensor:
-        pixels = resize_crop(decode_cpu(data, read_header(data), short_side), config)
-        batch = torch.empty(1, 3, config.crop_size, config.crop_size)
-        normalize_into([pixels], batch, config)
-        with torch.no_grad():
-            return torch.softmax(model(batch), dim=1)[0]
 
     same, differences, variations = 0, [], []
     for data in photos().values():
-        big = phone_photo(data)
-        whole, scaled = probabilities(big, None), probabilities(big, config.resize_size)
+        whole, scaled = whole_and_scaled(model, phone_photo(data))
         same += int(whole.argmax()) == int(scaled.argmax())
         differences.append(float((whole - scaled).abs().max()))
         variations.append(0.5 * float((whole - scaled).abs().sum()))

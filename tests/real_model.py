@@ -10,6 +10,7 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
+import torch
 from PIL import Image
 from torch import nn
 from torchvision.models import ResNet50_Weights
@@ -47,6 +48,24 @@ def phone_photo(data: bytes, long_side: int = 4032) -> bytes:
     buffer = io.BytesIO()
     image.resize(size, Image.Resampling.LANCZOS).save(buffer, "JPEG", quality=90)
     return buffer.getvalue()
+
+
+def whole_and_scaled(model: nn.Module, data: bytes) -> tuple[torch.Tensor, torch.Tensor]:
+    """``model``'s probabilities for a JPEG decoded whole, and decoded as served (scaled in the
+    DCT when it is large enough), through the server's own preprocessing."""
+    from preprocessing import TransformConfig, decode_cpu, normalize_into, read_header
+    from preprocessing.transforms import resize_crop
+
+    config = TransformConfig()
+
+    def probabilities(short_side: int | None) -> torch.Tensor:
+        pixels = resize_crop(decode_cpu(data, read_header(data), short_side), config)
+        batch = torch.empty(1, 3, config.crop_size, config.crop_size)
+        normalize_into([pixels], batch, config)
+        with torch.no_grad():
+            return torch.softmax(model(batch), dim=1)[0]
+
+    return probabilities(None), probabilities(config.resize_size)
 
 
 def _png(path: Path) -> bytes:

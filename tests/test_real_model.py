@@ -102,28 +102,15 @@ def test_phone_photos_decoded_scaled_keep_their_answers() -> None:
     """Every other one of the twenty photos as a 12 MP phone picture (4032 px on the long side,
     JPEG 90): decoded scaled in the DCT or whole, efficientnet-lite0 gives the same top class
     for every one, and probabilities within bounds measured here (over all twenty: largest
-    difference 0.061, mean total variation 0.026 on an Intel Xeon; a decoder change moves them
-    more than fp32's 1e-3 start-up tolerance, as re-encoding a JPEG does)."""
-    import torch
-
-    from preprocessing import TransformConfig, decode_cpu, normalize_into, read_header
-    from preprocessing.transforms import resize_crop
-    from tests.real_model import efficientnet_lite0, phone_photo
+    difference 0.061, mean total variation 0.026 on an Intel Xeon and an AMD EPYC, see
+    ``benchmarks.decode``; a decoder change moves them more than fp32's 1e-3 start-up
+    tolerance, as re-encoding a JPEG does)."""
+    from tests.real_model import efficientnet_lite0, phone_photo, whole_and_scaled
 
     model = efficientnet_lite0().eval()
-    config = TransformConfig()
-
-    def probabilities(data: bytes, short_side: int | None) -> torch.Tensor:
-        pixels = resize_crop(decode_cpu(data, read_header(data), short_side), config)
-        batch = torch.empty(1, 3, config.crop_size, config.crop_size)
-        normalize_into([pixels], batch, config)
-        with torch.no_grad():
-            return torch.softmax(model(batch), dim=1)[0]
-
     variations = []
     for name, data in list(photos().items())[::2]:  # ten of them: a 12 MP decode is slow
-        big = phone_photo(data)
-        whole, scaled = probabilities(big, None), probabilities(big, config.resize_size)
+        whole, scaled = whole_and_scaled(model, phone_photo(data))
         assert int(whole.argmax()) == int(scaled.argmax()), name
         assert float((whole - scaled).abs().max()) <= 0.1, name
         variations.append(0.5 * float((whole - scaled).abs().sum()))
