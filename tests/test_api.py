@@ -262,8 +262,9 @@ async def test_unknown_route_and_method(client: httpx.AsyncClient) -> None:
 async def test_model_failure_is_a_500_for_that_batch_only(
     caplog: pytest.LogCaptureFixture,
 ) -> None:
-    # A traced model would lose the Python-level switch that injects the failure.
-    settings = make_settings(model="tests.models:exploding", compile="none")
+    # A traced model would lose the Python-level switch that injects the failure; every batch
+    # size is warm before ready, so that no warm-up after ready takes the injected failure.
+    settings = make_settings(model="tests.models:exploding", compile="none", warmup="all")
     async with serve(settings) as (_, client):
         Exploding.fail_next = 1
         with caplog.at_level(logging.ERROR, logger="batchserve"):
