@@ -39,11 +39,13 @@ def weights_digest(module: nn.Module) -> str:
     return digest.hexdigest()
 
 
-def file_sha256(path: Path) -> str:
+def file_sha256(*paths: Path) -> str:
+    """sha256 of the files' contents, one after the other, read in blocks."""
     digest = hashlib.sha256()
-    with path.open("rb") as stream:
-        for block in iter(lambda: stream.read(1 << 20), b""):
-            digest.update(block)
+    for path in paths:
+        with path.open("rb") as stream:
+            for block in iter(lambda: stream.read(1 << 20), b""):
+                digest.update(block)
     return digest.hexdigest()
 
 

@@ -12,10 +12,10 @@ held-out images stored beside the artefact before the model may serve.
 
 from __future__ import annotations
 
-import hashlib
 from pathlib import Path
 from typing import Any
 
+from app.engine.artifacts import file_sha256
 from app.engine.gate import Bounds, looser, verdict
 from app.engine.int8_class import this_cpu
 from app.engine.loading import LoadedModel
@@ -26,13 +26,8 @@ GATE_IMAGES = "gate"  # the folder of held-out images beside an INT8 artefact
 
 def artifact_digest(path: Path) -> str:
     """sha256 of the model file (and of an OpenVINO IR's weights file beside it)."""
-    digest = hashlib.sha256()
-    for part in (path, path.with_suffix(".bin")):
-        if part == path or part.is_file():
-            with part.open("rb") as stream:
-                for block in iter(lambda: stream.read(1 << 20), b""):
-                    digest.update(block)
-    return digest.hexdigest()
+    weights = path.with_suffix(".bin")
+    return file_sha256(path, *([weights] if weights != path and weights.is_file() else []))
 
 
 def preprocessing(loaded: LoadedModel) -> dict[str, Any]:

@@ -60,10 +60,6 @@ class LoadedModel:
         self._build = build
 
     @property
-    def built(self) -> bool:
-        return self._module is not None
-
-    @property
     def module(self) -> nn.Module:
         if self._module is None:
             assert self._build is not None
