@@ -174,6 +174,45 @@ def test_auto_serves_the_fastest_installed_backend_and_remembers_why(
         build_engine(int8, int8.batch_config("cpu"))
 
 
+@pytest.mark.parametrize("native_bf16", [True, False])
+def test_precision_auto_offers_a_runtime_what_it_serves_here(
+    monkeypatch: pytest.MonkeyPatch, native_bf16: bool
+) -> None:
+    monkeypatch.setattr(factory_module, "cpu_supports_bf16", lambda: native_bf16)
+    cpu, cuda = torch.device("cpu"), torch.device("cuda")
+    openvino = make_settings(backend="openvino", precision="auto")
+    onnxruntime = make_settings(backend="onnxruntime", precision="auto")
+    bf16 = ("fp32", "bf16") if native_bf16 else ("fp32",)
+    assert factory_module.runtime_precisions(openvino, cpu) == bf16
+    assert factory_module.runtime_precisions(onnxruntime, cpu) == ("fp32",)
+    assert factory_module.runtime_precisions(onnxruntime, cuda) == ("fp32",)
+    explicit = make_settings(backend="openvino", precision="int8")
+    assert factory_module.runtime_precisions(explicit, cpu) == ("int8",)
+
+
+def test_openvino_serves_bf16_with_precision_auto_when_it_measures_faster(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    pytest.importorskip("openvino")
+    from app.engine import precision as precision_module
+    from app.engine.device import cpu_supports_bf16
+
+    if not cpu_supports_bf16():
+        pytest.skip("this CPU has no native bf16 kernels: PRECISION=auto is fp32 here")
+    rates = {"fp32": 100.0, "bf16": 200.0}
+    monkeypatch.setattr(precision_module, "images_per_second",
+                        lambda backend, *args, **kwargs: rates[backend.precision])  # fmt: skip
+    settings = runtime_settings(tmp_path, "openvino", precision="auto")
+    engine = build_engine(settings, settings.batch_config("cpu"))
+    assert engine.precision == "bf16"
+    assert engine.backend.describe()["measured_images_per_second"] == rates
+    assert engine.check is not None
+    assert engine.check["passed"]  # at bf16's bounds
+    rates["bf16"] = 105.0  # not the 1.1x that a less precise candidate must win by
+    engine = build_engine(settings, settings.batch_config("cpu"))
+    assert engine.precision == "fp32"
+
+
 def test_onnxruntime_on_cuda_runs_the_precision_it_reports(tmp_path: Path) -> None:
     """fp32 never runs TensorRT in fp16; fp16 runs on TensorRT or not at all (the CUDA provider
     would run the fp32 export while the server reported fp16)."""

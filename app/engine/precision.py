@@ -9,7 +9,6 @@ from collections.abc import Callable, Sequence
 import torch
 
 from app.engine.backends import Backend
-from app.engine.device import NAMES
 
 logger = logging.getLogger("batchserve")
 
@@ -61,22 +60,23 @@ def side_by_side(
 
 
 def fastest(
-    candidates: Sequence[torch.dtype],
-    build: Callable[[torch.dtype], Backend],
+    candidates: Sequence[str],
+    build: Callable[[str], Backend],
     input_shape: tuple[int, int, int],
     rows: int,
 ) -> tuple[Backend, dict[str, float]]:
-    """Build a backend per candidate (most accurate first) and keep the first one that no
-    later candidate beats by ``MARGIN``. Returns it and the measured images/s per precision."""
+    """Build a backend per candidate precision (``fp32``, ``bf16``, ...: most accurate first)
+    and keep the first one that no later candidate beats by ``MARGIN``. Returns it and the
+    measured images/s per precision."""
     rates: dict[str, float] = {}
     best: Backend | None = None
     best_rate = 0.0
-    for dtype in candidates:
-        backend = build(dtype)
+    for precision in candidates:
+        backend = build(precision)
         if len(candidates) == 1:
             return backend, rates
         rate = images_per_second(backend, input_shape, rows)
-        rates[NAMES[dtype]] = rate
+        rates[precision] = rate
         if best is None or rate > best_rate * MARGIN:
             best, best_rate = backend, rate
     assert best is not None
