@@ -10,6 +10,7 @@ from typing import Any
 
 import httpx
 import pytest
+import torch
 
 from benchmarks import accuracy, gpu_check, offline, sweep
 from benchmarks.corpus import generate, load
@@ -204,3 +205,20 @@ def test_the_served_profile_counts_each_threads_cpu_and_names_its_role() -> None
     assert served_profile.package("send (uvicorn/protocols/http/httptools_impl.py:524)") == (
         "uvicorn"
     )
+
+
+def test_the_resize_benchmarks_alternatives_make_the_served_image() -> None:
+    import numpy as np
+
+    from app.engine.warmup import synthetic_photo
+    from benchmarks import resize
+
+    image = torch.from_numpy(np.array(synthetic_photo(400, 300, 0))).permute(2, 0, 1)
+    served = resize.served(image)
+    assert tuple(served.shape) == (3, 256, 341)
+    for name, method in resize.METHODS.items():
+        resized = method(image)
+        assert resized.shape == served.shape, name
+        assert resized.dtype == torch.uint8, name
+        # Every method makes the same picture, up to a few pixel values.
+        assert (resized.float() - served.float()).abs().mean() < 4, name
