@@ -243,8 +243,9 @@ def torchscript_artifact(
 def runtime_precisions(settings: Settings, device: torch.device) -> tuple[str, ...]:
     """The precisions a runtime may serve here, most accurate first. ``PRECISION=auto`` is
     fp32, and on a CPU with native bf16 kernels OpenVINO's bf16 too, measured against it as
-    PyTorch's precisions are (resnet18 ran at 243 images/s in bf16 against 129 in fp32 on an
-    AVX512-BF16 AMD EPYC): an explicit precision is checked against what the runtime serves."""
+    PyTorch's precisions are (resnet18's forward pass: 224 images/s in bf16 against 105 in fp32
+    on a 2-core AVX512-BF16 AMD EPYC, ``benchmarks/results/backends-resnet18-amd-epyc-bf16.md``).
+    An explicit precision is checked against what the runtime serves."""
     supported = {
         ("onnxruntime", "cpu"): ("fp32", "int8"),
         ("onnxruntime", "cuda"): ("fp32", "fp16"),
