@@ -190,6 +190,19 @@ def test_precision_auto_offers_a_runtime_what_it_serves_here(
     assert factory_module.runtime_precisions(explicit, cpu) == ("int8",)
 
 
+def test_a_backend_choice_is_kept_apart_for_a_cpu_with_native_bf16(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from app.engine import choice as choice_module
+
+    settings = runtime_settings(tmp_path, "auto", precision="auto")
+    paths = set()
+    for native in (True, False):
+        monkeypatch.setattr(choice_module, "cpu_supports_bf16", lambda native=native: native)
+        paths.add(choice_module.decision_path(settings, "digest", 8, []))
+    assert len(paths) == 2  # bf16 candidates or none: a choice made without them is not reused
+
+
 def test_openvino_serves_bf16_with_precision_auto_when_it_measures_faster(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:

@@ -33,6 +33,7 @@ import torch
 from app.cpus import cpu_model
 from app.engine.artifacts import keep_json, read_json
 from app.engine.backends import Backend
+from app.engine.device import cpu_supports_bf16
 from app.engine.errors import StartupError
 from app.engine.int8_class import this_cpu
 from app.engine.precision import images_per_second
@@ -82,6 +83,8 @@ def decision_path(settings: Settings, model_digest: str, rows: int, int8_ready: 
         "model": settings.model, "weights": model_digest, "precision": settings.precision,
         "compile": settings.compile, "rows": rows, "threads": settings.intra_op_threads,
         "image_size": settings.image_size, "cpu": cpu_model(), "int8_class": this_cpu().name,
+        # Native bf16 kernels add bf16 candidates (PyTorch's and OpenVINO's) to PRECISION=auto.
+        "native_bf16": cpu_supports_bf16(),
         "versions": {name: _version(name) for name in CANDIDATES},
         "candidates": installed(), "int8_ready": sorted(int8_ready),
     }  # fmt: skip
