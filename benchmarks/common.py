@@ -79,6 +79,13 @@ def write_results(name: str, data: dict[str, Any], markdown: str) -> tuple[Path,
     return json_path, md_path
 
 
+def publish(name: str, data: dict[str, Any], markdown: str) -> None:
+    """Write the results (``write_results``), then print the report and where it went."""
+    paths = write_results(name, data, markdown)
+    print(markdown)
+    print("wrote", *paths)
+
+
 def table(headers: Sequence[str], rows: Sequence[Sequence[Any]]) -> str:
     def cell(value: Any) -> str:
         if isinstance(value, float):

@@ -24,7 +24,7 @@ from typing import Any
 import torch
 
 from app.engine.warmup import synthetic_photo
-from benchmarks.common import machine, machine_markdown, median, table, write_results
+from benchmarks.common import machine, machine_markdown, median, publish, table
 from preprocessing import TransformConfig, decode_cpu, read_header
 from preprocessing.transforms import resize_crop
 
@@ -120,9 +120,7 @@ def main() -> None:
                         help="efficientnet-lite0's answers, whole against as served")  # fmt: skip
     args = parser.parse_args()
     data = run(args)
-    paths = write_results(args.name, data, markdown(data))
-    print(markdown(data))
-    print("wrote", *paths)
+    publish(args.name, data, markdown(data))
 
 
 if __name__ == "__main__":

@@ -29,8 +29,8 @@ from benchmarks.common import (
     machine_markdown,
     median,
     percentile,
+    publish,
     table,
-    write_results,
 )
 from benchmarks.corpus import corpus
 from benchmarks.servers import UvicornProcess
@@ -207,9 +207,7 @@ def main() -> None:
         return
     data = run(args)
     name = args.name or f"grpc-rest-{args.model}"
-    paths = write_results(name, data, markdown(data))
-    print(markdown(data))
-    print("wrote", *paths)
+    publish(name, data, markdown(data))
 
 
 if __name__ == "__main__":

@@ -29,7 +29,7 @@ import torch
 from PIL import Image
 from torch.nn.functional import interpolate
 
-from benchmarks.common import machine, machine_markdown, median, table, write_results
+from benchmarks.common import machine, machine_markdown, median, publish, table
 from benchmarks.decode import SIZES, jpegs
 from preprocessing import decode_cpu, read_header
 from preprocessing.transforms import Interpolation, resize, resized_size
@@ -128,9 +128,7 @@ def main() -> None:
     parser.add_argument("--name", default="resize")
     args = parser.parse_args()
     data = run(args)
-    paths = write_results(args.name, data, markdown(data))
-    print(markdown(data))
-    print("wrote", *paths)
+    publish(args.name, data, markdown(data))
 
 
 if __name__ == "__main__":
