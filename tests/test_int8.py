@@ -14,7 +14,7 @@ import torch
 from app.engine import build_engine
 from app.engine.artifacts import REPORT, write_json
 from app.engine.errors import StartupError, UngatedModelError
-from app.engine.gate import compare
+from app.engine.gate import CHECK_BOUNDS, compare, verdict
 from app.engine.int8_class import Int8Class, classify, cpu_flags, this_cpu
 from app.engine.int8_report import GATE_IMAGES
 from app.engine.quantize import build_int8
@@ -73,6 +73,21 @@ def test_a_candidate_without_an_answer_agrees_with_nothing() -> None:
     assert figures["top1_agreement"] == 0
     assert figures["plausible_top1"] == 0
     assert figures["confident_top1_agreement"] == 0
+
+
+def test_where_the_reference_has_no_answer_only_the_probabilities_compare() -> None:
+    # Random weights can make every class equal (mobilenet_v3_small's are): the same function,
+    # exported, must not fail its check for the top class that neither side has.
+    flat = torch.full((2, 4), 0.25)
+    figures = compare(flat, flat.clone())
+    assert figures["answered_images"] == 0
+    assert figures["top1_agreement"] == figures["plausible_top1"] == 1.0
+    assert not verdict(figures, CHECK_BOUNDS["fp32"])
+    # An image the reference answers still counts, and a flat candidate misses it.
+    reference = torch.cat([one_hot([0.7, 0.2, 0.1, 0.0]), flat[:1]])
+    figures = compare(reference, flat)
+    assert figures["answered_images"] == 1
+    assert figures["top1_agreement"] == 0
 
 
 def test_only_clear_answers_count_as_confident_and_near_ties_as_plausible() -> None:

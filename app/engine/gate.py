@@ -125,8 +125,11 @@ def compare(
     # The reference's top class is also the candidate's. An exact tie of two classes for first
     # counts (which of two equal classes a sort puts first is arbitrary); a candidate that
     # gives many classes the same top score has no answer at all, and agrees with nothing.
+    # Where the reference itself has no answer (a model whose weights make every class equal,
+    # as random ones can) there is no top class to agree on: only the probabilities compare.
+    answers = _answers(candidate)
+    answered = _answers(reference)
     at_top = candidate >= candidate.max(dim=1, keepdim=True).values
-    answers = at_top.sum(dim=1) <= 2
     same_top1 = at_top.gather(1, ref_top[:, :1]).squeeze(1) & answers
     best = reference.topk(min(2, reference.shape[1]), dim=1).values
     runner_up = best[:, 1] if best.shape[1] > 1 else torch.zeros(count)
@@ -134,8 +137,9 @@ def compare(
     plausible = (reference[rows, cand_top[:, 0]] >= PLAUSIBLE * best[:, 0]) & answers
     report: dict[str, Any] = {
         "images": count,
-        "top1_agreement": float(same_top1.float().mean()),
-        "plausible_top1": float(plausible.float().mean()),
+        "answered_images": int(answered.sum()),
+        "top1_agreement": _share(same_top1, answered),
+        "plausible_top1": _share(plausible, answered),
         "confident_images": int(confident.sum()),
         "confident_top1_agreement": (
             float(same_top1[confident].float().mean()) if confident.any() else 1.0
@@ -151,6 +155,16 @@ def compare(
             report[f"{name}_top1"] = float((top[:, 0] == labels).float().mean())
             report[f"{name}_top5"] = float((top == labels[:, None]).any(dim=1).float().mean())
     return report
+
+
+def _answers(probabilities: torch.Tensor) -> torch.Tensor:
+    """Per row: whether at most two classes share the top score (a top class to speak of)."""
+    return (probabilities >= probabilities.max(dim=1, keepdim=True).values).sum(dim=1) <= 2
+
+
+def _share(hits: torch.Tensor, among: torch.Tensor) -> float:
+    """The share of ``hits`` among the rows of ``among`` (1.0 when there are none)."""
+    return float(hits[among].float().mean()) if among.any() else 1.0
 
 
 # (figure, bound, what it is): a "min_" bound is a floor, a "max_" bound a ceiling.
