@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import argparse
 import contextlib
 import datetime as dt
 import json
@@ -77,6 +78,16 @@ def write_results(name: str, data: dict[str, Any], markdown: str) -> tuple[Path,
     json_path.write_text(json.dumps(data, indent=2, default=str) + "\n")
     md_path.write_text(markdown.rstrip() + "\n")
     return json_path, md_path
+
+
+def model_arguments(doc: str | None, *, batch_size: int = 8) -> argparse.ArgumentParser:
+    """The command line of a benchmark that serves one model: ``--model``, ``--precision`` and
+    ``--batch-size``, described by the first line of ``doc`` (the module's docstring)."""
+    parser = argparse.ArgumentParser(description=(doc or "").splitlines()[0])
+    parser.add_argument("--model", default="resnet18")
+    parser.add_argument("--precision", default="fp32")
+    parser.add_argument("--batch-size", type=int, default=batch_size)
+    return parser
 
 
 def publish(name: str, data: dict[str, Any], markdown: str) -> None:

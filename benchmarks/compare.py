@@ -24,7 +24,14 @@ from pathlib import Path
 from typing import Any
 
 from benchmarks import wrk
-from benchmarks.common import machine, machine_markdown, median, table, write_results
+from benchmarks.common import (
+    machine,
+    machine_markdown,
+    median,
+    model_arguments,
+    table,
+    write_results,
+)
 from benchmarks.corpus import corpus
 from benchmarks.loadgen import LoadSpec, run_url
 from benchmarks.servers import UvicornProcess
@@ -184,10 +191,7 @@ same machine as the server (the cores it used are shown).
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--model", default="resnet18")
-    parser.add_argument("--precision", default="fp32")
-    parser.add_argument("--batch-size", type=int, default=16)
+    parser = model_arguments(__doc__, batch_size=16)
     parser.add_argument("--clients", type=int, default=64)
     parser.add_argument("--rounds", type=int, default=3)
     parser.add_argument("--duration", type=float, default=10.0)

@@ -19,7 +19,14 @@ from pathlib import Path
 from typing import Any
 
 from benchmarks import wrk
-from benchmarks.common import machine, machine_markdown, median, table, write_results
+from benchmarks.common import (
+    machine,
+    machine_markdown,
+    median,
+    model_arguments,
+    table,
+    write_results,
+)
 from benchmarks.compare import server_env
 from benchmarks.corpus import corpus
 from benchmarks.loadgen import LoadSpec, run_url
@@ -107,10 +114,7 @@ Low-priority p99 / high-priority p99 (every answer): **{summary["low_over_high_p
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--model", default="resnet18")
-    parser.add_argument("--precision", default="fp32")
-    parser.add_argument("--batch-size", type=int, default=8)
+    parser = model_arguments(__doc__)
     parser.add_argument("--overload", type=float, default=1.5)
     parser.add_argument("--high-share", type=float, default=0.2)
     parser.add_argument("--duration", type=float, default=20.0)

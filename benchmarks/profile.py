@@ -15,7 +15,6 @@ setting with ``--set backend=onnxruntime --set compile=none`` (the same in both 
 
 from __future__ import annotations
 
-import argparse
 import time
 from pathlib import Path
 from typing import Any
@@ -24,7 +23,15 @@ import httpx
 from torch.profiler import ProfilerActivity, profile
 
 from app.engine import InferenceRequest
-from benchmarks.common import RESULTS, machine, machine_markdown, median, table, write_results
+from benchmarks.common import (
+    RESULTS,
+    machine,
+    machine_markdown,
+    median,
+    model_arguments,
+    table,
+    write_results,
+)
 from benchmarks.compare import server_env
 from benchmarks.corpus import content_type, corpus
 from benchmarks.offline import make_engine
@@ -158,10 +165,7 @@ the GIL inside the server.
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--model", default="resnet18")
-    parser.add_argument("--precision", default="fp32")
-    parser.add_argument("--batch-size", type=int, default=8)
+    parser = model_arguments(__doc__)
     parser.add_argument("--batches", type=int, default=8)
     parser.add_argument("--requests", type=int, default=30)
     parser.add_argument("--images", type=Path)

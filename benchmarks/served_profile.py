@@ -36,7 +36,7 @@ from typing import Any
 
 from benchmarks import wrk
 from benchmarks.backends import offline
-from benchmarks.common import machine, machine_markdown, table, write_results
+from benchmarks.common import machine, machine_markdown, model_arguments, table, write_results
 from benchmarks.compare import server_env
 from benchmarks.corpus import corpus
 from benchmarks.servers import UvicornProcess
@@ -248,10 +248,7 @@ events, which py-spy cannot always tell from work); the other rows are Python wo
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--model", default="resnet18")
-    parser.add_argument("--precision", default="fp32")
-    parser.add_argument("--batch-size", type=int, default=8)
+    parser = model_arguments(__doc__)
     parser.add_argument("--clients", type=int, default=64)
     parser.add_argument("--seconds", type=float, default=8.0)
     parser.add_argument("--warmup", type=float, default=3.0)

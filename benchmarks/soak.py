@@ -20,7 +20,7 @@ from typing import Any
 import httpx
 
 from benchmarks import wrk
-from benchmarks.common import machine, machine_markdown, table, write_results
+from benchmarks.common import machine, machine_markdown, model_arguments, table, write_results
 from benchmarks.compare import server_env
 from benchmarks.corpus import corpus
 from benchmarks.loadgen import LoadSpec, run_url
@@ -144,10 +144,7 @@ own delays: it shares the machine's cores with the server. The server columns ar
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--model", default="resnet18")
-    parser.add_argument("--precision", default="fp32")
-    parser.add_argument("--batch-size", type=int, default=8)
+    parser = model_arguments(__doc__)
     parser.add_argument("--factor", type=float, default=4.0)
     parser.add_argument("--duration", type=float, default=60.0)
     parser.add_argument("--capacity", type=float, help="skip measuring it")

@@ -19,7 +19,14 @@ from pathlib import Path
 from typing import Any
 
 from benchmarks import wrk
-from benchmarks.common import machine, machine_markdown, median, table, write_results
+from benchmarks.common import (
+    machine,
+    machine_markdown,
+    median,
+    model_arguments,
+    table,
+    write_results,
+)
 from benchmarks.compare import server_env
 from benchmarks.corpus import corpus
 from benchmarks.servers import UvicornProcess
@@ -93,10 +100,7 @@ with fresh processes. Throughput is the sum over the workers; p99 the worst of t
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--model", default="resnet18")
-    parser.add_argument("--precision", default="fp32")
-    parser.add_argument("--batch-size", type=int, default=8)
+    parser = model_arguments(__doc__)
     parser.add_argument("--workers", type=int, default=2)
     parser.add_argument("--clients", type=int, default=64)
     parser.add_argument("--rounds", type=int, default=3)
