@@ -226,6 +226,35 @@ def test_openvino_serves_bf16_with_precision_auto_when_it_measures_faster(
     assert engine.precision == "fp32"
 
 
+def test_auto_serves_the_fastest_candidate_that_passes_its_check(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from app.engine import choice as choice_module
+
+    # Both runtimes' artefacts exist; then the ONNX model is replaced by a broken export.
+    # (OpenVINO's IR was converted before, from the sound one.)
+    openvino = runtime_settings(tmp_path, "openvino", precision="fp32")
+    build_engine(openvino, openvino.batch_config("cpu"))
+    (onnx_folder,) = [path for path in openvino.artifacts_dir.iterdir()
+                      if "-fp32-onnx-" in path.name]  # fmt: skip
+    export_onnx(Doubled(), (3, 224, 224), onnx_folder / ONNX_FILE)
+    # ONNX Runtime measures fastest, OpenVINO next.
+    rates = {"onnxruntime": 300.0, "openvino": 200.0, "torch": 100.0}
+    monkeypatch.setattr(choice_module, "images_per_second",
+                        lambda backend, *args: rates[backend.name])  # fmt: skip
+    settings = runtime_settings(tmp_path, "auto", precision="fp32")
+    engine = build_engine(settings, settings.batch_config("cpu"))
+    assert engine.backend.name == "openvino"
+    assert engine.check is not None
+    assert engine.check["passed"]
+    choice = engine.backend.choice
+    assert choice is not None
+    assert list(choice["rejected"]) == ["onnxruntime"]
+    assert "disagrees with eager PyTorch" in choice["rejected"]["onnxruntime"][0]
+    again = build_engine(settings, settings.batch_config("cpu"))  # the kept decision
+    assert again.backend.name == "openvino"
+
+
 def test_onnxruntime_on_cuda_runs_the_precision_it_reports(tmp_path: Path) -> None:
     """fp32 never runs TensorRT in fp16; fp16 runs on TensorRT or not at all (the CUDA provider
     would run the fp32 export while the server reported fp16)."""

@@ -4,8 +4,9 @@ versions.
 On a CPU the fastest of PyTorch, ONNX Runtime and OpenVINO depends on the CPU, the model and
 the runtimes' versions (see the backends benchmark), so a user who names none would otherwise
 get whichever we guessed. At the first start every installed backend is built (exporting its
-artefact if needed) and its forward pass timed at the warm-up batch size; the fastest is
-served, after its start-up check like any runtime. The decision is kept beside the artefacts,
+artefact if needed) and its forward pass timed at the warm-up batch size; the fastest that
+passes its start-up check (like any runtime's) is served, and those that failed theirs are
+named in the decision. The decision is kept beside the artefacts,
 keyed by what it depends on, so that later starts build only the chosen backend. On a GPU the
 PyTorch backend (CUDA graphs, fp16, device decoding) stays the choice.
 
@@ -100,10 +101,12 @@ def choose_backend(
     rows: int,
     build: Callable[[str, str], Backend],
     int8_ready: Callable[[str], bool],
+    failures: Callable[[Backend], list[str]],
 ) -> tuple[Backend, dict[str, Any]]:
     """The backend to serve and why: ``build(name, precision)`` makes one (with its
     artefact); ``int8_ready(name)`` says whether that runtime's INT8 model exists and passes
-    its gate here (without building one)."""
+    its gate here (without building one); ``failures(backend)`` runs its start-up check. The
+    fastest candidate that passes its check is served."""
     if device.type == "cuda":
         return build("torch", settings.precision), {
             "chosen": "torch", "precision": settings.precision,
@@ -123,6 +126,7 @@ def choose_backend(
     best: Backend | None = None
     best_label = ""
     rates: dict[str, float] = {}
+    pairs: dict[str, tuple[str, str]] = {}
     for name, precision in candidates(settings.precision, ready):
         try:
             backend = build(name, precision)
@@ -131,6 +135,7 @@ def choose_backend(
                            label(name, precision), exc)  # fmt: skip
             continue
         key = label(name, precision)
+        pairs[key] = (name, precision)
         rates[key] = images_per_second(backend, input_shape, rows)
         if best is None or rates[key] > rates[best_label]:
             best, best_label = backend, key  # the one it beats goes: one model besides the best
@@ -141,21 +146,54 @@ def choose_backend(
             f"BACKEND=auto: no installed backend can serve this model in "
             f"PRECISION={settings.precision}"
         )
-    decision = {
-        "chosen": best.name,
+    served, rejected = _first_that_passes(best, best_label, rates, pairs, build, failures)
+    decision: dict[str, Any] = {
+        "chosen": served.name,
         # What it serves, not what was asked (PRECISION=auto): a later start builds only that
         # precision instead of measuring fp32 against bf16 again.
-        "precision": best.precision,
+        "precision": served.precision,
         "rates": rates,
-        "precision_rates": best.measured_rates,
+        "precision_rates": served.measured_rates,
         "rows": rows,
         "measured_at": dt.datetime.now(dt.UTC).isoformat(timespec="seconds"),
-        "reason": "the fastest forward pass measured here",
+        "reason": "the fastest forward pass measured here"
+        + (" that passed its start-up check" if rejected else ""),
     }
+    if rejected:
+        decision["rejected"] = rejected
     keep_json(path, decision)
-    logger.info("backend auto: %s (measured %s images/s at batch %d)", best_label,
-                _rates(rates), rows)  # fmt: skip
-    return best, decision
+    logger.info("backend auto: %s (measured %s images/s at batch %d)",
+                label(served.name, served.precision), _rates(rates), rows)  # fmt: skip
+    return served, decision
+
+
+def _first_that_passes(
+    best: Backend,
+    best_label: str,
+    rates: dict[str, float],
+    pairs: dict[str, tuple[str, str]],
+    build: Callable[[str, str], Backend],
+    failures: Callable[[Backend], list[str]],
+) -> tuple[Backend, dict[str, list[str]]]:
+    """The fastest candidate whose start-up check passes (the fastest is already built; the
+    others are built again, one at a time), and the failures of those that did not."""
+    rejected: dict[str, list[str]] = {}
+    kept: Backend | None = best
+    for key in sorted(rates, key=rates.__getitem__, reverse=True):
+        backend = kept if key == best_label and kept is not None else build(*pairs[key])
+        kept = None  # one model at a time
+        failed = failures(backend)
+        if not failed:
+            return backend, rejected
+        logger.warning("backend auto: %s failed its start-up check, trying the next: %s",
+                       key, "; ".join(failed))  # fmt: skip
+        rejected[key] = failed
+        del backend
+        gc.collect()
+    raise StartupError(
+        "BACKEND=auto: every candidate failed its start-up check: "
+        + "; ".join(f"{key}: {' '.join(failed)}" for key, failed in rejected.items())
+    )
 
 
 def _rates(rates: dict[str, float]) -> str:

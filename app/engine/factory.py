@@ -90,8 +90,34 @@ def build_engine(
     torch.set_num_threads(settings.intra_op_threads)
     with phases.phase("weights"):
         loaded = load_configured_model(settings)
+    limits = ImageLimits(
+        max_pixels=settings.max_image_pixels, resize_size=loaded.transform.resize_size,
+        min_side=settings.min_image_size,
+    )  # fmt: skip
+
+    def engine_of(backend: Backend) -> InferenceEngine:
+        return InferenceEngine(
+            loaded, backend, limits=limits, observer=observer,
+            max_batch_size=config.max_batch_size, buckets=config.batch_buckets,
+            max_inflight_batches=config.max_inflight_batches,
+            decode_on_device=resolve_decode_device(settings.decode_device, device),
+            device_lock=device_lock,
+        )  # fmt: skip
+
+    checks: dict[int, dict[str, Any]] = {}  # BACKEND=auto's candidates that passed, by id
+
+    def failures_of(candidate: Backend) -> list[str]:
+        """A candidate of ``BACKEND=auto`` against its start-up check: what it fails."""
+        if candidate.name == "torch":
+            return []
+        try:
+            checks[id(candidate)] = runtime_check(engine_of(candidate), loaded, device, phases)
+        except CheckFailedError as exc:
+            return [str(exc)]
+        return []
+
     if settings.backend == "auto":
-        built_before = _building_time(phases)
+        spent_before = _spent_elsewhere(phases)
         choosing = time.perf_counter()
         backend, choice = choose_backend(
             settings, device, loaded_digest(loaded), input_shape(loaded),
@@ -101,44 +127,41 @@ def build_engine(
                 own_copy=True,
             ),
             lambda name: int8_ready(settings.with_backend(name, "int8"), loaded),
+            failures_of,
         )  # fmt: skip
         # Measuring (and building the candidates that lost) is the choice's own time.
         phases.add("choice", time.perf_counter() - choosing
-                   - (_building_time(phases) - built_before))  # fmt: skip
+                   - (_spent_elsewhere(phases) - spent_before))  # fmt: skip
         backend.choice = choice
         settings = settings.with_backend(backend.name, choice["precision"])
     else:
         backend = _build_backend(settings, loaded, device, config, phases)
-    engine = InferenceEngine(
-        loaded,
-        backend,
-        limits=ImageLimits(
-            max_pixels=settings.max_image_pixels,
-            resize_size=loaded.transform.resize_size,
-            min_side=settings.min_image_size,
-        ),
-        observer=observer,
-        max_batch_size=config.max_batch_size,
-        buckets=config.batch_buckets,
-        max_inflight_batches=config.max_inflight_batches,
-        decode_on_device=resolve_decode_device(settings.decode_device, device),
-        device_lock=device_lock,
-    )
+    engine = engine_of(backend)
     if settings.backend != "torch":
-        gate = engine.backend.int8_gate
-        ungated = gate is not None and not gate["passed"]
-        with phases.phase("check"):
-            record = Path(engine.backend.path).parent / CHECK_RECORD  # type: ignore[attr-defined]
-            bound_to = json_ready(check_binding(engine, loaded, device))  # hashes the artefact
-            engine.check = kept_check(record, bound_to)
-            if engine.check is None:
-                # A runtime never converts the loaded module (auto's PyTorch candidate had its
-                # own copy): it is still the eager fp32 model the check compares with.
-                reference = copy.deepcopy(loaded.module).eval().float()
-                engine.check = startup_check(engine, loaded, reference, enforce=not ungated)
-                if engine.check["passed"]:
-                    keep_json(record, {"bound_to": bound_to, "report": engine.check})
+        engine.check = checks.get(id(backend)) or runtime_check(engine, loaded, device, phases)
     return engine
+
+
+def runtime_check(
+    engine: InferenceEngine, loaded: LoadedModel, device: torch.device, phases: Phases
+) -> dict[str, Any]:
+    """The start-up check of a runtime's engine: its kept verdict, or run now (and kept when
+    it passes). Raises ``CheckFailedError`` when it fails, unless the engine serves an INT8
+    model that failed its gate (``ALLOW_UNGATED_INT8``): then the failure is only reported."""
+    gate = engine.backend.int8_gate
+    ungated = gate is not None and not gate["passed"]
+    with phases.phase("check"):
+        record = Path(engine.backend.path).parent / CHECK_RECORD  # type: ignore[attr-defined]
+        bound_to = json_ready(check_binding(engine, loaded, device))  # hashes the artefact
+        report = kept_check(record, bound_to)
+        if report is None:
+            # A runtime never converts the loaded module (auto's PyTorch candidate had its
+            # own copy): it is still the eager fp32 model the check compares with.
+            reference = copy.deepcopy(loaded.module).eval().float()
+            report = startup_check(engine, loaded, reference, enforce=not ungated)
+            if report["passed"]:
+                keep_json(record, {"bound_to": bound_to, "report": report})
+    return report
 
 
 CHECK_RECORD = "startup-check.json"  # beside a runtime's artefact
@@ -175,8 +198,9 @@ def json_ready(value: Any) -> Any:
     return json.loads(json.dumps(value))
 
 
-def _building_time(phases: Phases) -> float:
-    return phases.seconds.get("artefacts", 0.0) + phases.seconds.get("compile", 0.0)
+def _spent_elsewhere(phases: Phases) -> float:
+    """What a choice's candidates spent in phases of their own (building them, checking them)."""
+    return sum(phases.seconds.get(name, 0.0) for name in ("artefacts", "compile", "check"))
 
 
 def _build_backend(
