@@ -11,7 +11,7 @@ mean top-5 overlap and the largest difference of any class probability.
 Usage::
 
     python -m benchmarks.accuracy --model resnet50 --weights auto --images val/ \\
-        --candidate precision=bf16 --reference precision=fp32 compile=none
+        --candidate precision=bf16 --reference backend=torch precision=fp32 compile=none
     python -m benchmarks.accuracy --model resnet50 --candidate backend=openvino
 """
 
@@ -137,7 +137,9 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument("--count", type=int, default=256)
     p.add_argument("--batch-size", type=int, default=16)
     p.add_argument("--candidate", nargs="*", default=["precision=bf16"])
-    p.add_argument("--reference", nargs="*", default=["precision=fp32", "compile=none"])
+    # Eager fp32 PyTorch: named in full, since BACKEND=auto would pick a runtime instead.
+    p.add_argument("--reference", nargs="*",
+                   default=["backend=torch", "precision=fp32", "compile=none"])  # fmt: skip
     p.add_argument("--min-agreement", type=float, default=0.98)
     p.add_argument("--max-prob-diff", type=float, default=0.05)
     p.add_argument("--max-top1-drop", type=float, default=0.005)

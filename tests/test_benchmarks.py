@@ -117,6 +117,12 @@ def test_accuracy_gate_passes_close_precisions_and_fails_impossible_bounds() -> 
     assert accuracy.main([*base, "--max-prob-diff", "0"]) == 1
 
 
+def test_the_accuracy_gates_default_reference_is_eager_pytorch_in_fp32() -> None:
+    args = accuracy.parser().parse_args(["--model", COLOR_MODEL, "--count", "8"])
+    report, _ = accuracy.run(args)
+    assert report["reference"] == "torch eager, fp32"  # not what BACKEND=auto would pick
+
+
 def test_accuracy_with_labelled_folders(tmp_path: Path) -> None:
     images = generate(24)
     reference = accuracy.engine_for(
