@@ -127,9 +127,9 @@ def compare(
     # gives many classes the same top score has no answer at all, and agrees with nothing.
     # Where the reference itself has no answer (a model whose weights make every class equal,
     # as random ones can) there is no top class to agree on: only the probabilities compare.
-    answers = _answers(candidate)
-    answered = _answers(reference)
-    at_top = candidate >= candidate.max(dim=1, keepdim=True).values
+    at_top = _at_top(candidate)
+    answers = at_top.sum(dim=1) <= 2
+    answered = _at_top(reference).sum(dim=1) <= 2
     same_top1 = at_top.gather(1, ref_top[:, :1]).squeeze(1) & answers
     best = reference.topk(min(2, reference.shape[1]), dim=1).values
     runner_up = best[:, 1] if best.shape[1] > 1 else torch.zeros(count)
@@ -157,9 +157,9 @@ def compare(
     return report
 
 
-def _answers(probabilities: torch.Tensor) -> torch.Tensor:
-    """Per row: whether at most two classes share the top score (a top class to speak of)."""
-    return (probabilities >= probabilities.max(dim=1, keepdim=True).values).sum(dim=1) <= 2
+def _at_top(probabilities: torch.Tensor) -> torch.Tensor:
+    """Per row, the classes that share its top score (more than two: no answer to speak of)."""
+    return probabilities >= probabilities.max(dim=1, keepdim=True).values
 
 
 def _share(hits: torch.Tensor, among: torch.Tensor) -> float:
