@@ -35,7 +35,7 @@ from app.engine import (
 from app.settings import Settings
 from benchmarks.common import machine, machine_markdown, median, table, write_results
 from benchmarks.corpus import corpus
-from preprocessing import PreparedImage
+from preprocessing import PreparedImage, single_torch_thread
 
 
 def make_engine(
@@ -130,7 +130,9 @@ def measure(
     seconds: float, runs: int, decode_threads: int, **extra: Any,
 ) -> list[dict[str, Any]]:  # fmt: skip
     rows = []
-    with ThreadPoolExecutor(decode_threads, thread_name_prefix="decode") as pool:
+    with ThreadPoolExecutor(
+        decode_threads, thread_name_prefix="decode", initializer=single_torch_thread
+    ) as pool:  # as the server's decode threads
         for precision in precisions:
             engine = make_engine(model, precision, max(batch_sizes), **extra)
             for batch_size in batch_sizes:

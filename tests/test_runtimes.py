@@ -9,6 +9,7 @@ import re
 import shutil
 import subprocess
 import sys
+import threading
 from pathlib import Path
 from typing import Any
 
@@ -16,7 +17,7 @@ import httpx
 import pytest
 import torch
 
-from app.engine import StartupError, build_engine
+from app.engine import InferenceEngine, InferenceRequest, StartupError, build_engine
 from app.engine import factory as factory_module
 from app.engine.artifacts import REPORT, write_json
 from app.engine.errors import CheckFailedError, UngatedModelError
@@ -383,6 +384,48 @@ def test_openvino_on_a_cpu_computes_with_one_stream_of_every_thread(tmp_path: Pa
     assert engine.max_inflight_batches == 2
     assert engine.backend.describe()["hint"] == "LATENCY"
     assert engine.backend.serialized
+
+
+def torch_threads_in_a_batch(engine: InferenceEngine, starting: int) -> int:
+    """torch's thread count during the forward pass of a batch run from a new thread whose
+    own count is ``starting`` (as the batcher's threads may start)."""
+    seen: list[int] = []
+    forward = engine.backend.forward
+
+    def counting(batch: torch.Tensor) -> torch.Tensor:
+        seen.append(torch.get_num_threads())
+        return forward(batch)
+
+    engine.backend.forward = counting  # type: ignore[method-assign]
+    image = engine.prepare(images.jpeg(images.photo(64, 48)))
+
+    def batch_thread() -> None:
+        torch.set_num_threads(starting)
+        (outcome,) = engine.run_batch([InferenceRequest(image, 1)])
+        assert not isinstance(outcome, BaseException)
+
+    thread = threading.Thread(target=batch_thread)
+    thread.start()
+    thread.join()
+    (count,) = seen
+    return count
+
+
+@pytest.mark.parametrize("backend", ["torch", *RUNTIMES])
+def test_torch_runs_on_one_thread_in_a_runtimes_batches_and_on_all_in_its_own(
+    tmp_path: Path, backend: str
+) -> None:
+    # Beside a runtime, torch's spinning OpenMP team takes cores from the runtime's threads.
+    before = torch.get_num_threads()
+    try:
+        settings = runtime_settings(tmp_path, backend, torch_threads=2)
+        engine = build_engine(settings, settings.batch_config("cpu"))
+        if backend == "torch":
+            assert torch_threads_in_a_batch(engine, starting=1) == 2
+        else:
+            assert torch_threads_in_a_batch(engine, starting=2) == 1
+    finally:
+        torch.set_num_threads(before)
 
 
 @pytest.mark.parametrize(

@@ -69,6 +69,7 @@ class InferenceEngine:
         max_inflight_batches: int = 2,
         decode_on_device: bool = False,
         device_lock: threading.Lock | None = None,
+        torch_threads: int | None = None,
     ) -> None:
         self.name = loaded.name
         self.weights = loaded.weights
@@ -80,6 +81,9 @@ class InferenceEngine:
         self.limits = limits or ImageLimits(resize_size=loaded.transform.resize_size)
         self.decode_on_device = decode_on_device
         self.max_inflight_batches = max_inflight_batches
+        # torch's threads in each batch (collate, postprocess, a torch forward pass); None
+        # leaves the calling thread's own.
+        self.torch_threads = torch_threads
         self.buckets = tuple(sorted(set(buckets or (max_batch_size,)) | {max_batch_size}))
         self._observer = observer or EngineObserver()
         self._streams = streams_for(self.device)
@@ -159,6 +163,9 @@ class InferenceEngine:
     ) -> list[Prediction | BaseException]:
         if len(requests) > self.max_batch_size:
             raise ValueError(f"{len(requests)} requests exceed the batch capacity")
+        if self.torch_threads is not None and torch.get_num_threads() != self.torch_threads:
+            # Per thread, and the batcher's threads may have started with another count.
+            torch.set_num_threads(self.torch_threads)
         started = time.perf_counter()
         slot = self._slots.acquire()
         finished = False

@@ -101,7 +101,7 @@ def build_engine(
             max_batch_size=config.max_batch_size, buckets=config.batch_buckets,
             max_inflight_batches=config.max_inflight_batches,
             decode_on_device=resolve_decode_device(settings.decode_device, device),
-            device_lock=device_lock,
+            device_lock=device_lock, torch_threads=torch_threads_in_batches(backend, settings),
         )  # fmt: skip
 
     checks: dict[int, dict[str, Any]] = {}  # BACKEND=auto's candidates that passed, by id
@@ -140,6 +140,22 @@ def build_engine(
     if settings.backend != "torch":
         engine.check = checks.get(id(backend)) or runtime_check(engine, loaded, device, phases)
     return engine
+
+
+def torch_threads_in_batches(backend: Backend, settings: Settings) -> int:
+    """How many threads torch uses in a batch: every one the forward pass may use where torch
+    runs it (or a GPU does), one where a runtime on the CPU does.
+
+    With a runtime, torch only normalises the batch and takes its top classes. Split over
+    torch's OpenMP team, each of those steps leaves the team's threads spinning for their
+    next job while the runtime's own threads start the forward pass on the same cores: on two
+    cores, resnet18's batches in OpenVINO INT8 ran at 0.72x its forward pass that way, at
+    0.87x with torch on one thread, and 1.15x as many images/s with decoding beside them
+    (``benchmarks/results/torch-threads-resnet18.md``).
+    """
+    if backend.name == "torch" or backend.device.type != "cpu":
+        return settings.intra_op_threads
+    return 1
 
 
 def runtime_check(

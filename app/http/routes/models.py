@@ -50,6 +50,11 @@ def _describe(server: ServerState, version: ModelVersion) -> dict[str, Any]:
         "backend": engine.backend.describe(),
         "check": engine.check,
         "cpu": {"int8_class": cpu.name, "int8_saturates": cpu.saturates},
+        "threads": {
+            "forward": settings.intra_op_threads,
+            "torch_in_batches": engine.torch_threads,
+            "decode": server.settings.decode_threads,
+        },
         "input_shape": list(engine.input_shape),
         "resize_size": transform.resize_size,
         "num_classes": engine.num_classes,
