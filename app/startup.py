@@ -33,18 +33,24 @@ def process_age_s() -> float | None:
 
 
 class Phases:
-    """Seconds per phase; a phase entered twice adds up."""
+    """Seconds per phase; a phase entered twice adds up, and a phase entered inside another
+    counts as its own, not also as the outer one's (a check run while choosing a precision)."""
 
     def __init__(self) -> None:
         self.seconds: dict[str, float] = {}
+        self._inner: list[float] = []  # per open phase: what its inner phases took
 
     @contextmanager
     def phase(self, name: str) -> Iterator[None]:
         started = time.perf_counter()
+        self._inner.append(0.0)
         try:
             yield
         finally:
-            self.add(name, time.perf_counter() - started)
+            spent = time.perf_counter() - started
+            self.add(name, spent - self._inner.pop())
+            if self._inner:
+                self._inner[-1] += spent
 
     def add(self, name: str, seconds: float) -> None:
         self.seconds[name] = self.seconds.get(name, 0.0) + seconds

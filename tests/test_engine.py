@@ -27,6 +27,8 @@ from app.engine import device as device_module
 from app.engine import precision as precision_module
 from app.engine.compile import optimize, resolve_compile
 from app.engine.device import DeviceError, precision_candidates, resolve_device
+from app.engine.errors import CheckFailedError
+from app.engine.gate import CHECK_BOUNDS, Bounds
 from app.engine.slot import BatchSlot
 from app.settings import Settings
 from preprocessing import ImageFormat, ImageHeader, PreparedImage, TransformConfig, prepare
@@ -217,6 +219,45 @@ def test_auto_precision_serves_bf16_only_where_it_is_measured_faster(
         }  # fmt: skip
         (result,) = engine.run_batch([request(1)])
         assert not isinstance(result, BaseException)
+
+
+def test_auto_precision_serves_fp32_when_bf16_fails_its_start_up_check(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """bf16 measured faster is served only when it agrees with eager fp32 within bf16's
+    bounds, as a runtime's bf16 must."""
+    monkeypatch.setattr(device_module, "cpu_supports_bf16", lambda: True)
+    rates = {torch.float32: 100.0, torch.bfloat16: 200.0}
+    monkeypatch.setattr(
+        precision_module, "images_per_second",
+        lambda backend, shape, rows: rates[backend.input_dtype],
+    )  # fmt: skip
+    settings = make_settings(precision="auto", compile="none")
+    engine = build_engine(settings, settings.batch_config("cpu"))
+    assert engine.precision == "bf16"
+    assert engine.check is not None
+    assert engine.check["passed"]
+    assert engine.check["against"] == "eager PyTorch fp32 on the warm-up images"
+
+    monkeypatch.setitem(
+        CHECK_BOUNDS, "bf16", Bounds(max_probability_difference=0.0, min_top1_agreement=1.0)
+    )
+    engine = build_engine(settings, settings.batch_config("cpu"))
+    assert engine.precision == "fp32"
+    assert engine.check is None  # eager fp32 is the reference itself
+    (failure,) = engine.backend.describe()["rejected_precisions"]["bf16"]
+    assert "This model loses too much in bf16: serve it in fp32" in failure
+    (result,) = engine.run_batch([request(1)])
+    assert not isinstance(result, BaseException)
+
+
+def test_bf16_asked_for_by_name_fails_the_start_when_it_fails_its_check(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    monkeypatch.setitem(CHECK_BOUNDS, "bf16", Bounds(max_probability_difference=0.0))
+    settings = make_settings(precision="bf16", compile="none")
+    with pytest.raises(CheckFailedError, match="loses too much in bf16"):
+        build_engine(settings, settings.batch_config("cpu"))
 
 
 @pytest.mark.skipif(torch.cuda.is_available(), reason="checks the error when CUDA is absent")

@@ -8,6 +8,8 @@ import json
 import logging
 import threading
 import time
+import weakref
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -104,14 +106,15 @@ def build_engine(
             device_lock=device_lock, torch_threads=torch_threads_in_batches(backend, settings),
         )  # fmt: skip
 
-    checks: dict[int, dict[str, Any]] = {}  # BACKEND=auto's candidates that passed, by id
+    # Candidates (of a precision or a backend) whose start-up check passed, and its report.
+    checks: weakref.WeakKeyDictionary[Backend, dict[str, Any]] = weakref.WeakKeyDictionary()
 
     def failures_of(candidate: Backend) -> list[str]:
-        """A candidate of ``BACKEND=auto`` against its start-up check: what it fails."""
-        if candidate.name == "torch":
+        """A candidate against its start-up check: what it fails (nothing, if it has none)."""
+        if candidate in checks or not is_checked(candidate):
             return []
         try:
-            checks[id(candidate)] = runtime_check(engine_of(candidate), loaded, device, phases)
+            checks[candidate] = engine_check(engine_of(candidate), loaded, device, phases)
         except CheckFailedError as exc:
             return [str(exc)]
         return []
@@ -124,7 +127,7 @@ def build_engine(
             min(8, config.max_batch_size),
             lambda name, precision: _build_backend(
                 settings.with_backend(name, precision), loaded, device, config, phases,
-                own_copy=True,
+                failures_of, own_copy=True,
             ),
             lambda name: int8_ready(settings.with_backend(name, "int8"), loaded),
             failures_of,
@@ -135,11 +138,21 @@ def build_engine(
         backend.choice = choice
         settings = settings.with_backend(backend.name, choice["precision"])
     else:
-        backend = _build_backend(settings, loaded, device, config, phases)
+        backend = _build_backend(settings, loaded, device, config, phases, failures_of)
     engine = engine_of(backend)
-    if settings.backend != "torch":
-        engine.check = checks.get(id(backend)) or runtime_check(engine, loaded, device, phases)
+    if is_checked(backend):
+        engine.check = checks.get(backend) or engine_check(engine, loaded, device, phases)
     return engine
+
+
+def is_checked(backend: Backend) -> bool:
+    """Whether a backend is checked against eager PyTorch in fp32 at start-up: a runtime
+    always; PyTorch itself on a CPU in a precision below fp32 (bf16 moved efficientnet-lite0's
+    probabilities by up to 0.070 on the 20 test photos,
+    ``benchmarks/results/accuracy-efficientnet-lite0-torchscript-bf16.md``)."""
+    if backend.name != "torch":
+        return True
+    return backend.precision != "fp32" and backend.device.type == "cpu"
 
 
 def torch_threads_in_batches(backend: Backend, settings: Settings) -> int:
@@ -158,29 +171,31 @@ def torch_threads_in_batches(backend: Backend, settings: Settings) -> int:
     return 1
 
 
-def runtime_check(
+def engine_check(
     engine: InferenceEngine, loaded: LoadedModel, device: torch.device, phases: Phases
 ) -> dict[str, Any]:
-    """The start-up check of a runtime's engine: its kept verdict, or run now (and kept when
-    it passes). Raises ``CheckFailedError`` when it fails, unless the engine serves an INT8
-    model that failed its gate (``ALLOW_UNGATED_INT8``): then the failure is only reported."""
+    """The start-up check of an engine: the verdict kept beside its artefact, or run now (and
+    kept when it passes, if an artefact serves). Raises ``CheckFailedError`` when it fails,
+    unless the engine serves an INT8 model that failed its gate (``ALLOW_UNGATED_INT8``):
+    then the failure is only reported."""
     gate = engine.backend.int8_gate
     ungated = gate is not None and not gate["passed"]
+    artifact: Path | None = getattr(engine.backend, "path", None)
     with phases.phase("check"):
-        record = Path(engine.backend.path).parent / CHECK_RECORD  # type: ignore[attr-defined]
-        bound_to = json_ready(check_binding(engine, loaded, device))  # hashes the artefact
-        report = kept_check(record, bound_to)
+        record = artifact.parent / CHECK_RECORD if artifact is not None else None
+        bound_to = json_ready(check_binding(engine, loaded, device)) if record else None
+        report = kept_check(record, bound_to) if record is not None else None
         if report is None:
-            # A runtime never converts the loaded module (auto's PyTorch candidate had its
+            # No backend converts the loaded module in place (a precision below fp32 has its
             # own copy): it is still the eager fp32 model the check compares with.
             reference = copy.deepcopy(loaded.module).eval().float()
             report = startup_check(engine, loaded, reference, enforce=not ungated)
-            if report["passed"]:
+            if report["passed"] and record is not None:
                 keep_json(record, {"bound_to": bound_to, "report": report})
     return report
 
 
-CHECK_RECORD = "startup-check.json"  # beside a runtime's artefact
+CHECK_RECORD = "startup-check.json"  # beside the artefact that serves
 
 
 def check_binding(engine: InferenceEngine, loaded: LoadedModel, device: torch.device) -> Any:
@@ -190,11 +205,14 @@ def check_binding(engine: InferenceEngine, loaded: LoadedModel, device: torch.de
     from app.engine.int8_report import binding
 
     path = Path(engine.backend.path)  # type: ignore[attr-defined]
-    return {
+    bound = {
         **binding(loaded, loaded_digest(loaded), path, engine.backend.name),
         "precision": engine.precision, "device": device.type,
         "bounds": dataclasses.asdict(CHECK_BOUNDS[engine.precision]),
     }  # fmt: skip
+    if engine.precision == "bf16":  # native kernels and their emulation round differently
+        bound["native_bf16"] = cpu_supports_bf16()
+    return bound
 
 
 def kept_check(record: Path, bound_to: Any) -> dict[str, Any] | None:
@@ -225,14 +243,15 @@ def _build_backend(
     device: torch.device,
     config: BatchConfig,
     phases: Phases,
+    failures_of: Callable[[Backend], list[str]] | None = None,
     *,
     own_copy: bool = False,
 ) -> Backend:
     if settings.backend == "torch":
         # Its own copy when other backends may be built from the same module after it.
-        with phases.phase("compile"):  # TorchScript: traced and frozen, or loaded
-            return torch_backend(settings, loaded.copied() if own_copy else loaded, device, config)
-    return runtime_backend(settings, loaded, device, config, phases)
+        return torch_backend(settings, loaded.copied() if own_copy else loaded, device, config,
+                             phases, failures_of)  # fmt: skip
+    return runtime_backend(settings, loaded, device, config, phases, failures_of)
 
 
 def input_shape(loaded: LoadedModel) -> tuple[int, int, int]:
@@ -240,8 +259,14 @@ def input_shape(loaded: LoadedModel) -> tuple[int, int, int]:
 
 
 def torch_backend(
-    settings: Settings, loaded: LoadedModel, device: torch.device, config: BatchConfig
+    settings: Settings,
+    loaded: LoadedModel,
+    device: torch.device,
+    config: BatchConfig,
+    phases: Phases | None = None,
+    failures_of: Callable[[Backend], list[str]] | None = None,
 ) -> Backend:
+    phases = phases or Phases()
     candidates = precision_candidates(settings.precision, device)
     shape = input_shape(loaded)
 
@@ -254,17 +279,21 @@ def torch_backend(
         compiled = kept(artifact, dtype, device) if artifact is not None else None
         if compiled is not None:  # checked against this model before: no eager model needed
             return TorchBackend(None, device, dtype, shape, compile_mode=mode,
-                                cuda_graphs=settings.cuda_graphs, compiled=compiled)  # fmt: skip
-        # Each candidate converts its own copy: .to(dtype) changes a module in place.
-        module = loaded.module if len(candidates) == 1 else copy.deepcopy(loaded.module)
+                                cuda_graphs=settings.cuda_graphs, compiled=compiled,
+                                compiled_artifact=artifact)  # fmt: skip
+        # .to(dtype) changes a module in place: any but a lone fp32 candidate converts a
+        # copy, so that the loaded module stays the fp32 reference of the start-up check.
+        alone = len(candidates) == 1 and dtype == torch.float32
+        module = loaded.module if alone else copy.deepcopy(loaded.module)
         return TorchBackend(
             module, device, dtype, shape, compile_mode=mode, cuda_graphs=settings.cuda_graphs,
             compiled_artifact=artifact,
         )  # fmt: skip
 
     names = [NAMES[dtype] for dtype in candidates]
-    backend, rates = fastest(names, build, shape, min(8, config.max_batch_size))
-    backend.measured_rates = rates
+    with phases.phase("compile"):  # TorchScript: traced and frozen, or loaded
+        backend, rates = fastest(names, build, shape, min(8, config.max_batch_size), failures_of)
+    backend.measured_rates = rates or None
     return backend
 
 
@@ -400,6 +429,7 @@ def runtime_backend(
     device: torch.device,
     config: BatchConfig,
     phases: Phases | None = None,
+    failures_of: Callable[[Backend], list[str]] | None = None,
 ) -> Backend:
     phases = phases or Phases()
     precisions = runtime_precisions(settings, device)
@@ -434,7 +464,7 @@ def runtime_backend(
 
     with phases.phase("compile"):  # the runtime's session or compiled model (per precision)
         backend, rates = fastest(precisions, build, input_shape(loaded),
-                                 min(8, config.max_batch_size))  # fmt: skip
+                                 min(8, config.max_batch_size), failures_of)  # fmt: skip
     backend.measured_rates = rates or None
     backend.int8_gate = gate
     return backend
@@ -468,10 +498,14 @@ def startup_check(
         )  # fmt: skip
         return report
     if not report["passed"]:
+        if engine.precision in ("bf16", "fp16"):
+            remedy = f"This model loses too much in {engine.precision}: serve it in fp32"
+        else:
+            remedy = ("The artefact may be broken: remove it to export it again "
+                      f"({getattr(engine.backend, 'path', '')})")  # fmt: skip
         raise CheckFailedError(
-            f"{engine.backend.name} ({engine.precision}) disagrees with eager PyTorch: "
-            f"{'; '.join(report['failures'])}. The artefact may be broken: remove it to export "
-            f"it again ({getattr(engine.backend, 'path', '')})"
+            f"{engine.backend.name} ({engine.precision}) disagrees with eager PyTorch fp32: "
+            f"{'; '.join(report['failures'])}. {remedy}"
         )
     logger.info(
         "%s %s agrees with eager PyTorch: top-1 %.3f, largest probability difference %.2g",

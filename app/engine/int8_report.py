@@ -46,6 +46,10 @@ def runtime_version(backend: str) -> str:
         import openvino
 
         return f"openvino {openvino.get_version()}"
+    if backend == "torch":
+        import torch
+
+        return f"torch {torch.__version__}"
     import onnxruntime
 
     return f"onnxruntime {onnxruntime.__version__}"

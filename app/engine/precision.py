@@ -9,6 +9,7 @@ from collections.abc import Callable, Sequence
 import torch
 
 from app.engine.backends import Backend
+from app.engine.errors import CheckFailedError
 
 logger = logging.getLogger("batchserve")
 
@@ -64,26 +65,49 @@ def fastest(
     build: Callable[[str], Backend],
     input_shape: tuple[int, int, int],
     rows: int,
+    failures_of: Callable[[Backend], list[str]] | None = None,
 ) -> tuple[Backend, dict[str, float]]:
     """Build a backend per candidate precision (``fp32``, ``bf16``, ...: most accurate first)
-    and keep the first one that no later candidate beats by ``MARGIN``. Returns it and the
-    measured images/s per precision."""
+    and serve the first one that no later candidate beats by ``MARGIN``, unless it fails its
+    start-up check (``failures_of``): then the next one by the same rule. Returns it and the
+    measured images/s per precision; ``backend.rejected`` names those that failed."""
+    if len(candidates) == 1:
+        return build(candidates[0]), {}
     rates: dict[str, float] = {}
-    best: Backend | None = None
-    best_rate = 0.0
+    built: dict[str, Backend] = {}
     for precision in candidates:
-        backend = build(precision)
-        if len(candidates) == 1:
-            return backend, rates
-        rate = images_per_second(backend, input_shape, rows)
-        rates[precision] = rate
-        if best is None or rate > best_rate * MARGIN:
-            best, best_rate = backend, rate
-    assert best is not None
-    logger.info(
-        "precision auto: %s (measured %s images/s at batch %d)",
-        best.precision,
-        ", ".join(f"{name} {rate:.1f}" for name, rate in rates.items()),
-        rows,
+        built[precision] = build(precision)
+        rates[precision] = images_per_second(built[precision], input_shape, rows)
+    rejected: dict[str, list[str]] = {}
+    for precision in preferred(rates):
+        backend = built.pop(precision)
+        failed = failures_of(backend) if failures_of is not None else []
+        if failed:
+            logger.warning("precision auto: %s failed its start-up check, trying the next: %s",
+                           precision, "; ".join(failed))  # fmt: skip
+            rejected[precision] = failed
+            continue
+        logger.info(
+            "precision auto: %s (measured %s images/s at batch %d)", precision,
+            ", ".join(f"{name} {rate:.1f}" for name, rate in rates.items()), rows,
+        )  # fmt: skip
+        backend.rejected_precisions = rejected or None
+        return backend, rates
+    raise CheckFailedError(
+        "every precision failed its start-up check: "
+        + "; ".join(f"{name}: {' '.join(failed)}" for name, failed in rejected.items())
     )
-    return best, rates
+
+
+def preferred(rates: dict[str, float]) -> list[str]:
+    """Precisions (most accurate first, as measured) in the order they are served: each time
+    the first one that no later one beats by ``MARGIN``."""
+    left, order = dict(rates), []
+    while left:
+        best = next(iter(left))
+        for precision, rate in left.items():
+            if rate > left[best] * MARGIN:
+                best = precision
+        order.append(best)
+        del left[best]
+    return order

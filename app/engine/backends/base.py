@@ -38,6 +38,8 @@ class Backend(ABC):
     serialized: bool = True
     # Images/s measured per candidate precision when PRECISION=auto had a choice to make.
     measured_rates: dict[str, float] | None = None
+    # The precisions PRECISION=auto measured faster that failed their start-up check.
+    rejected_precisions: dict[str, list[str]] | None = None
     # An INT8 model's accuracy gate, as judged when it was chosen to serve.
     int8_gate: dict[str, Any] | None = None
     choice: dict[str, Any] | None = None  # why BACKEND=auto chose this backend
@@ -63,6 +65,8 @@ class Backend(ABC):
                                      "fixed_shapes": self.fixed_shapes}  # fmt: skip
         if self.measured_rates:
             described["measured_images_per_second"] = self.measured_rates
+        if self.rejected_precisions:
+            described["rejected_precisions"] = self.rejected_precisions
         if self.int8_gate is not None:
             described["int8_gate"] = self.int8_gate
         if self.choice is not None:

@@ -39,8 +39,9 @@ class TorchBackend(Backend):
         compiled_artifact: Path | None = None,
         compiled: nn.Module | None = None,
     ) -> None:
-        """``compiled``: a model ``compile_mode`` made and checked before (a kept TorchScript
-        artefact), served as it is; otherwise ``module`` is compiled and checked here."""
+        """``compiled``: a model ``compile_mode`` made and checked before (the kept TorchScript
+        artefact at ``compiled_artifact``), served as it is; otherwise ``module`` is compiled
+        and checked here."""
         self.device = device
         self.input_dtype = dtype
         self.precision = NAMES[dtype]
@@ -57,6 +58,10 @@ class TorchBackend(Backend):
             probe = probe.to(device=device, dtype=dtype)
             probe = probe.contiguous(memory_format=torch.channels_last)
             self.model, self.compile_mode = optimize(model, compile_mode, probe, compiled_artifact)
+        # The TorchScript artefact that serves, if one does: a start-up check is kept beside it.
+        self.path: Path | None = None
+        if self.compile_mode == "torchscript" and compiled_artifact is not None:
+            self.path = compiled_artifact if compiled_artifact.is_file() else None
         self._capture = cuda_graphs and device.type == "cuda"
         self._graphs: CudaGraphs | None = None
         self.fixed_shapes = self._capture or self.compile_mode == "inductor"
