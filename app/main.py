@@ -29,7 +29,6 @@ from app.serving.predict import PARSE_THREADS, Predictor
 from app.serving.registry import Registry
 from app.settings import Settings, SettingsError, load_settings
 from app.startup import Phases, process_age_s
-from preprocessing import single_torch_thread
 
 logger = logging.getLogger("batchserve")
 
@@ -114,12 +113,8 @@ def _lifespan(server: ServerState):  # type: ignore[no-untyped-def]
             logger.critical("batchserve cannot start: %s", exc.message)
             await registry.aclose()
             raise
-        decode_pool = ThreadPoolExecutor(
-            settings.decode_threads, thread_name_prefix="decode", initializer=single_torch_thread
-        )
-        parse_pool = ThreadPoolExecutor(
-            PARSE_THREADS, thread_name_prefix="parse", initializer=single_torch_thread
-        )
+        decode_pool = ThreadPoolExecutor(settings.decode_threads, thread_name_prefix="decode")
+        parse_pool = ThreadPoolExecutor(PARSE_THREADS, thread_name_prefix="parse")
         server.predictor = Predictor(
             settings, registry, admission, metrics, decode_pool, parse_pool
         )

@@ -35,7 +35,7 @@ from app.engine import (
 from app.settings import Settings
 from benchmarks.common import machine, machine_markdown, median, table, write_results
 from benchmarks.corpus import corpus
-from preprocessing import PreparedImage, single_torch_thread
+from preprocessing import PreparedImage
 
 
 def make_engine(
@@ -130,9 +130,7 @@ def measure(
     seconds: float, runs: int, decode_threads: int, **extra: Any,
 ) -> list[dict[str, Any]]:  # fmt: skip
     rows = []
-    with ThreadPoolExecutor(
-        decode_threads, thread_name_prefix="decode", initializer=single_torch_thread
-    ) as pool:  # as the server's decode threads
+    with ThreadPoolExecutor(decode_threads, thread_name_prefix="decode") as pool:
         for precision in precisions:
             engine = make_engine(model, precision, max(batch_sizes), **extra)
             for batch_size in batch_sizes:

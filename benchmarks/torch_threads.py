@@ -2,8 +2,9 @@
 
 With ONNX Runtime or OpenVINO doing the forward pass, torch still normalises each batch and
 takes its top classes (the batcher's threads), and resizes each image (the decode threads).
-Served, those steps run on one torch thread; the other way is torch's default, its OpenMP team
-on every CPU the process may use. Per configuration and way, in a fresh process each round:
+Served, those steps run on one torch thread (the decode threads take over the count the
+batches set); the other way is torch's default, its OpenMP team on every CPU the process may
+use. Per configuration and way, in a fresh process each round:
 
 - **forward**: the runtime on a ready batch;
 - **batches**: ``run_batch`` on prepared images (collate, forward, top classes), no decoding;
@@ -32,7 +33,6 @@ from benchmarks.common import machine, machine_markdown, median, publish, table
 from benchmarks.compare import server_env, variants
 from benchmarks.corpus import generate
 from benchmarks.offline import _rate, forward_only, make_engine, pipelined
-from preprocessing import single_torch_thread
 
 DEFAULT_CONFIGS = [
     "openvino int8:backend=openvino,precision=int8",
@@ -47,7 +47,9 @@ def child(model: str, batch_size: int, seconds: float, way: str, extra: dict[str
     engine = make_engine(model, extra.pop("precision", "fp32"), batch_size, **extra)
     cpus = available_cpus()  # the server's decode threads and torch's default team
     if way == "served":
-        pool = ThreadPoolExecutor(cpus, initializer=single_torch_thread)
+        # As in the server: the decode threads start after a batch (the warm-up) has set
+        # torch's count to the engine's, and take it over.
+        pool = ThreadPoolExecutor(cpus)
     else:
         engine.torch_threads = cpus
         torch.set_num_threads(cpus)  # the decode threads below start with this count

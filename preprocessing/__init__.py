@@ -17,13 +17,7 @@ from preprocessing.formats import (
     read_header,
     sniff,
 )
-from preprocessing.prepare import (
-    PreparedImage,
-    prepare,
-    prepare_normalized,
-    prepare_pixels,
-    single_torch_thread,
-)
+from preprocessing.prepare import PreparedImage, prepare, prepare_normalized, prepare_pixels
 from preprocessing.transforms import TransformConfig, normalize_into, resize_crop
 
 __all__ = [
@@ -44,7 +38,6 @@ __all__ = [
     "prepare_pixels",
     "read_header",
     "resize_crop",
-    "single_torch_thread",
     "sniff",
     "to_rgb",
 ]

@@ -12,17 +12,6 @@ from preprocessing.formats import Buffer, ImageFormat, ImageHeader, ImageLimits,
 from preprocessing.transforms import TransformConfig, resize_crop
 
 
-def single_torch_thread() -> None:
-    """Run this thread's torch operations on one thread: the initializer of a pool whose
-    threads each prepare one request, side by side.
-
-    Such a thread gains little from splitting one image's resize, and every split leaves
-    torch's OpenMP team spinning afterwards on cores the forward pass needs. torch keeps the
-    count per thread, so this changes no other thread that has already run torch.
-    """
-    torch.set_num_threads(1)
-
-
 @dataclass(slots=True)
 class PreparedImage:
     """An image ready to be batched, in one of three forms:

@@ -9,7 +9,6 @@ from collections.abc import Awaitable, Callable, Iterator
 
 import httpx
 import pytest
-import torch
 
 from app.cpus import available_cpus
 from tests import images
@@ -107,15 +106,6 @@ async def test_health_readiness_and_models(client: httpx.AsyncClient) -> None:
     # On a CPU the first size is warm before ready, the others follow while idle.
     assert "1" in model["warmup_ms"]
     assert set(model["warmup_ms"]) <= {"1", "2", "4", "8"}
-
-
-async def test_the_threads_that_prepare_requests_run_torch_on_one_thread() -> None:
-    # Requests are prepared side by side; splitting one more ways only adds spinning threads.
-    torch.set_num_threads(2)  # what a new thread would otherwise start with
-    async with serve(make_settings()) as (app, _):
-        predictor = app.state.server.predictor
-        assert await predictor.decoding.run(0, torch.get_num_threads) == 1
-        assert await predictor.parsing.run(0, torch.get_num_threads) == 1
 
 
 async def test_metrics_exposes_the_documented_names(client: httpx.AsyncClient) -> None:
