@@ -70,7 +70,7 @@ def fastest(
     """Build a backend per candidate precision (``fp32``, ``bf16``, ...: most accurate first)
     and serve the first one that no later candidate beats by ``MARGIN``, unless it fails its
     start-up check (``failures_of``): then the next one by the same rule. Returns it and the
-    measured images/s per precision; ``backend.rejected`` names those that failed."""
+    measured images/s per precision; ``backend.rejected_precisions`` names those that failed."""
     if len(candidates) == 1:
         return build(candidates[0]), {}
     rates: dict[str, float] = {}
