@@ -5,8 +5,9 @@ One server (settings from ``--set``), driven by wrk at ``--clients``. While it r
 1. **Per thread**, from ``/proc/<pid>/task/*/stat``: the CPU each thread used during the
    measured seconds, grouped by role. Python threads are named by ``py-spy dump`` (the event
    loop is ``MainThread``, then ``decode_*``, ``parse_*``, ``run-batch_*``); every other thread
-   is the runtime's own (the intra-op pool of OpenMP, ONNX Runtime or OpenVINO). What no thread
-   used of the machine's CPUs is ``idle``.
+   is the runtime's own (the intra-op pool of OpenMP, ONNX Runtime or OpenVINO). wrk, the
+   load generator, runs on the same machine: its CPU is counted too. What neither used of
+   the machine's CPUs is ``idle``.
 2. **The event loop's Python**, from ``py-spy record`` in a second load of the same server:
    each sample of ``MainThread`` counted against the package of its innermost frame (uvicorn,
    starlette, fastapi, the instrumentator, batchserve's middleware, routes, serving core,
@@ -86,6 +87,27 @@ def thread_ticks(pid: int) -> dict[int, int]:
     return ticks
 
 
+def children_named(name: str) -> list[int]:
+    """The pids of this process's children whose command is ``name``."""
+    found = []
+    for entry in os.listdir("/proc"):
+        if not entry.isdigit():
+            continue
+        try:
+            stat = Path(f"/proc/{entry}/stat").read_text()
+        except OSError:
+            continue
+        command, _, rest = stat.partition("(")[2].rpartition(")")
+        if command == name and int(rest.split()[1]) == os.getpid():
+            found.append(int(entry))
+    return found
+
+
+def process_ticks(pids: list[int]) -> int:
+    """CPU ticks (user + system) of these processes, all their threads together."""
+    return sum(sum(thread_ticks(pid).values()) for pid in pids if Path(f"/proc/{pid}").exists())
+
+
 def python_threads(py_spy: str, pid: int) -> dict[int, str]:
     """OS thread id -> Python thread name, from ``py-spy dump``."""
     output = subprocess.run(
@@ -115,9 +137,12 @@ def per_thread(server: UvicornProcess, images: list[bytes], args: argparse.Names
     )
     time.sleep(1)
     names = python_threads(py_spy, pid)
+    generator = children_named("wrk")
     before, started = thread_ticks(pid), time.perf_counter()
+    generator_before = process_ticks(generator)
     time.sleep(args.seconds)
     after, elapsed = thread_ticks(pid), time.perf_counter() - started
+    generator_after = process_ticks(generator)
     load.join()
     hz = os.sysconf("SC_CLK_TCK")
     cores: dict[str, float] = {}
@@ -126,6 +151,9 @@ def per_thread(server: UvicornProcess, images: list[bytes], args: argparse.Names
         name = role(names.get(tid))
         cores[name] = cores.get(name, 0.0) + (ticks - before.get(tid, 0)) / hz / elapsed
         threads[name] += 1
+    hz_elapsed = hz * elapsed
+    cores["load generator (wrk, same machine)"] = (generator_after - generator_before) / hz_elapsed
+    threads["load generator (wrk, same machine)"] = len(generator)
     cpus = len(os.sched_getaffinity(pid))
     cores["idle"] = max(0.0, cpus - sum(cores.values()))
     return {"throughput": served["throughput"], "server": served["server"],

@@ -213,6 +213,25 @@ def test_the_served_profile_counts_each_threads_cpu_and_names_its_role() -> None
     )
 
 
+def test_the_served_profile_counts_the_load_generators_cpu_too() -> None:
+    import subprocess
+    import time
+
+    from benchmarks import served_profile
+
+    busy = subprocess.Popen(["sh", "-c", "while :; do :; done"])  # as wrk: a child process
+    try:
+        time.sleep(0.1)
+        assert served_profile.children_named("sh") == [busy.pid]
+        before = served_profile.process_ticks([busy.pid])
+        time.sleep(0.5)
+        assert served_profile.process_ticks([busy.pid]) - before > 0
+    finally:
+        busy.kill()
+        busy.wait()
+    assert served_profile.process_ticks([busy.pid]) == 0  # gone: counts nothing
+
+
 def test_the_resize_benchmarks_alternatives_make_the_served_image() -> None:
     import numpy as np
 
