@@ -146,13 +146,17 @@ def build_engine(
 
 
 def is_checked(backend: Backend) -> bool:
-    """Whether a backend is checked against eager PyTorch in fp32 at start-up: a runtime
-    always; PyTorch itself on a CPU in a precision below fp32 (bf16 moved efficientnet-lite0's
-    probabilities by up to 0.070 on the 20 test photos,
+    """Whether a backend is checked against eager PyTorch in fp32 at start-up."""
+    return checked_against_eager(backend.name, backend.precision, backend.device)
+
+
+def checked_against_eager(name: str, precision: str, device: torch.device) -> bool:
+    """A runtime always is; PyTorch itself on a CPU in a precision below fp32 (bf16 moved
+    efficientnet-lite0's probabilities by up to 0.070 on the 20 test photos,
     ``benchmarks/results/accuracy-efficientnet-lite0-torchscript-bf16.md``)."""
-    if backend.name != "torch":
+    if name != "torch":
         return True
-    return backend.precision != "fp32" and backend.device.type == "cpu"
+    return precision != "fp32" and device.type == "cpu"
 
 
 def torch_threads_in_batches(backend: Backend, settings: Settings) -> int:
@@ -281,9 +285,10 @@ def torch_backend(
             return TorchBackend(None, device, dtype, shape, compile_mode=mode,
                                 cuda_graphs=settings.cuda_graphs, compiled=compiled,
                                 compiled_artifact=artifact)  # fmt: skip
-        # .to(dtype) changes a module in place: any but a lone fp32 candidate converts a
-        # copy, so that the loaded module stays the fp32 reference of the start-up check.
-        alone = len(candidates) == 1 and dtype == torch.float32
+        # .to(dtype) changes a module in place: each of several candidates converts a copy,
+        # and so does one that is checked, so that the loaded module stays the fp32 reference.
+        checked = checked_against_eager("torch", NAMES[dtype], device)
+        alone = len(candidates) == 1 and not checked
         module = loaded.module if alone else copy.deepcopy(loaded.module)
         return TorchBackend(
             module, device, dtype, shape, compile_mode=mode, cuda_graphs=settings.cuda_graphs,
@@ -293,7 +298,7 @@ def torch_backend(
     names = [NAMES[dtype] for dtype in candidates]
     with phases.phase("compile"):  # TorchScript: traced and frozen, or loaded
         backend, rates = fastest(names, build, shape, min(8, config.max_batch_size), failures_of)
-    backend.measured_rates = rates or None
+    backend.measured_rates = rates
     return backend
 
 
