@@ -51,16 +51,22 @@ DEFAULT_CONFIGS = [
 _OWN = {"MODEL", "PRECISION", "MAX_BATCH_SIZE", "WEIGHTS", "LOG_LEVEL"}
 
 
+def set_arguments(settings: dict[str, str]) -> list[str]:
+    """``--set name=value ...`` for the settings an offline measurement takes that way (the
+    model, precision, batch size, weights and log level are arguments of their own)."""
+    return ["--set", *(f"{key.removeprefix('BATCHSERVE_').lower()}={value}"
+                       for key, value in settings.items()
+                       if key.removeprefix("BATCHSERVE_") not in _OWN)]  # fmt: skip
+
+
 def offline(
     model: str, batch_size: int, seconds: float, settings: dict[str, str]
 ) -> dict[str, Any]:
-    extra = {key.removeprefix("BATCHSERVE_").lower(): value for key, value in settings.items()
-             if key.removeprefix("BATCHSERVE_") not in _OWN}  # fmt: skip
     command = [
         sys.executable, "-m", "benchmarks.offline", "--model", model,
         "--precision", settings.get("BATCHSERVE_PRECISION", "fp32"),
         "--batch-sizes", str(batch_size), "--seconds", str(seconds), "--runs", "1", "--json",
-        "--set", *(f"{key}={value}" for key, value in extra.items()),
+        *set_arguments(settings),
     ]  # fmt: skip
     result = subprocess.run(command, capture_output=True, text=True)
     if result.returncode != 0:

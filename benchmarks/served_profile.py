@@ -74,16 +74,30 @@ def role(name: str | None) -> str:
     return "other Python threads"
 
 
+def proc_stat(path: str) -> tuple[str, list[str]] | None:
+    """The command and the fields after it of a ``/proc/.../stat`` file (None once its process
+    or thread has ended): ``fields[1]`` is the parent pid, ``fields[11:13]`` user and system
+    ticks."""
+    try:
+        stat = Path(path).read_text()
+    except OSError:
+        return None
+    command, _, rest = stat.partition("(")[2].rpartition(")")
+    return command, rest.split()
+
+
 def thread_ticks(pid: int) -> dict[int, int]:
-    """CPU ticks (user + system) of every thread of ``pid``."""
+    """CPU ticks (user + system) of every thread of ``pid`` (none once it has ended)."""
     ticks = {}
-    for tid in os.listdir(f"/proc/{pid}/task"):
-        try:
-            stat = Path(f"/proc/{pid}/task/{tid}/stat").read_text()
-        except OSError:
-            continue  # the thread ended
-        fields = stat.rpartition(")")[2].split()
-        ticks[int(tid)] = int(fields[11]) + int(fields[12])  # utime, stime
+    try:
+        tids = os.listdir(f"/proc/{pid}/task")
+    except OSError:
+        return {}
+    for tid in tids:
+        stat = proc_stat(f"/proc/{pid}/task/{tid}/stat")
+        if stat is not None:  # else the thread ended
+            fields = stat[1]
+            ticks[int(tid)] = int(fields[11]) + int(fields[12])
     return ticks
 
 
@@ -91,21 +105,15 @@ def children_named(name: str) -> list[int]:
     """The pids of this process's children whose command is ``name``."""
     found = []
     for entry in os.listdir("/proc"):
-        if not entry.isdigit():
-            continue
-        try:
-            stat = Path(f"/proc/{entry}/stat").read_text()
-        except OSError:
-            continue
-        command, _, rest = stat.partition("(")[2].rpartition(")")
-        if command == name and int(rest.split()[1]) == os.getpid():
+        stat = proc_stat(f"/proc/{entry}/stat") if entry.isdigit() else None
+        if stat is not None and stat[0] == name and int(stat[1][1]) == os.getpid():
             found.append(int(entry))
     return found
 
 
 def process_ticks(pids: list[int]) -> int:
     """CPU ticks (user + system) of these processes, all their threads together."""
-    return sum(sum(thread_ticks(pid).values()) for pid in pids if Path(f"/proc/{pid}").exists())
+    return sum(sum(thread_ticks(pid).values()) for pid in pids)
 
 
 def python_threads(py_spy: str, pid: int) -> dict[int, str]:
@@ -151,8 +159,9 @@ def per_thread(server: UvicornProcess, images: list[bytes], args: argparse.Names
         name = role(names.get(tid))
         cores[name] = cores.get(name, 0.0) + (ticks - before.get(tid, 0)) / hz / elapsed
         threads[name] += 1
-    hz_elapsed = hz * elapsed
-    cores["load generator (wrk, same machine)"] = (generator_after - generator_before) / hz_elapsed
+    cores["load generator (wrk, same machine)"] = (
+        (generator_after - generator_before) / hz / elapsed
+    )
     threads["load generator (wrk, same machine)"] = len(generator)
     cpus = len(os.sched_getaffinity(pid))
     cores["idle"] = max(0.0, cpus - sum(cores.values()))

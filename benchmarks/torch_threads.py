@@ -28,7 +28,7 @@ import torch
 
 from app.cpus import available_cpus
 from app.engine import InferenceRequest
-from benchmarks.backends import prepare_artifacts
+from benchmarks.backends import prepare_artifacts, set_arguments
 from benchmarks.common import machine, machine_markdown, median, publish, table
 from benchmarks.compare import server_env, variants
 from benchmarks.corpus import generate
@@ -43,17 +43,17 @@ DEFAULT_CONFIGS = [
 WAYS = ("served", "every cpu")
 
 
-def child(model: str, batch_size: int, seconds: float, way: str, extra: dict[str, Any]) -> None:
-    engine = make_engine(model, extra.pop("precision", "fp32"), batch_size, **extra)
+def child(
+    model: str, precision: str, batch_size: int, seconds: float, way: str, extra: dict[str, Any]
+) -> None:
+    engine = make_engine(model, precision, batch_size, **extra)
     cpus = available_cpus()  # the server's decode threads and torch's default team
-    if way == "served":
-        # As in the server: the decode threads start after a batch (the warm-up) has set
-        # torch's count to the engine's, and take it over.
-        pool = ThreadPoolExecutor(cpus)
-    else:
+    # Served, the decode threads start after a batch (the warm-up) has set torch's count to
+    # the engine's, and take it over; the other way, they start with every CPU.
+    if way != "served":
         engine.torch_threads = cpus
-        torch.set_num_threads(cpus)  # the decode threads below start with this count
-        pool = ThreadPoolExecutor(cpus)
+        torch.set_num_threads(cpus)
+    pool = ThreadPoolExecutor(cpus)
     images = generate(64)
     prepared = [engine.prepare(data) for data in images[:batch_size]]
 
@@ -71,14 +71,10 @@ def child(model: str, batch_size: int, seconds: float, way: str, extra: dict[str
 def run_child(
     model: str, batch_size: int, seconds: float, way: str, settings: dict[str, str]
 ) -> dict[str, float]:
-    extra = {
-        key.removeprefix("BATCHSERVE_").lower(): value
-        for key, value in settings.items()
-        if key.removeprefix("BATCHSERVE_") not in {"MODEL", "MAX_BATCH_SIZE", "LOG_LEVEL"}
-    }
     command = [sys.executable, "-m", "benchmarks.torch_threads", "--child", way, "--model", model,
+               "--precision", settings.get("BATCHSERVE_PRECISION", "fp32"),
                "--batch-size", str(batch_size), "--seconds", str(seconds),
-               "--set", *(f"{key}={value}" for key, value in extra.items())]  # fmt: skip
+               *set_arguments(settings)]  # fmt: skip
     result = subprocess.run(command, capture_output=True, text=True)
     if result.returncode != 0:
         raise RuntimeError(f"benchmarks.torch_threads failed:\n{result.stderr[-3000:]}")
@@ -170,11 +166,12 @@ def main() -> None:
     parser.add_argument("--configs", nargs="+", default=DEFAULT_CONFIGS)
     parser.add_argument("--name", default=None, help="results/<name>.md (default from the model)")
     parser.add_argument("--child", choices=WAYS, help=argparse.SUPPRESS)
+    parser.add_argument("--precision", default="fp32", help=argparse.SUPPRESS)
     parser.add_argument("--set", nargs="*", default=[], help=argparse.SUPPRESS)
     args = parser.parse_args()
     if args.child:
         extra: dict[str, Any] = dict(item.split("=", 1) for item in args.set)
-        child(args.model, args.batch_size, args.seconds, args.child, extra)
+        child(args.model, args.precision, args.batch_size, args.seconds, args.child, extra)
         return
     data = run(args)
     publish(args.name or f"torch-threads-{args.model}", data, markdown(data))
