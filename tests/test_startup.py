@@ -150,8 +150,9 @@ TORCHVISION_MODEL = "squeezenet1_1"  # small, and its exports agree with eager P
     ("backend", "precision", "model"),
     [
         ("torch", "fp32", TORCHVISION_MODEL),
-        # Random squeezenet weights leave near-ties that bf16 flips: 7 of 8 top classes.
-        ("torch", "bf16", "shufflenet_v2_x0_5"),
+        # Random squeezenet and shufflenet weights leave top classes within 1e-7 of the next,
+        # which bf16 flips on some CPUs; resnet18's lead by at least 0.0027 (bf16 moves 5e-4).
+        ("torch", "bf16", "resnet18"),
         ("openvino", "fp32", TORCHVISION_MODEL),
     ],
 )
