@@ -2,6 +2,11 @@
 
 from __future__ import annotations
 
+# ruff: noqa: E402 - collection is deferred before the imports below (torch above all) run.
+from app import heap
+
+heap.defer_collection()
+
 import logging
 import re
 import time
@@ -90,6 +95,7 @@ def create_app(settings: Settings | None = None) -> FastAPI:
     app.add_middleware(
         OutcomeMiddleware, route_of=prediction_route, count=server.metrics.count_request
     )
+    heap.freeze()  # the imports and the application: everything so far lives as long as it
     return app
 
 
@@ -146,6 +152,7 @@ def _lifespan(server: ServerState):  # type: ignore[no-untyped-def]
             decode_pool.shutdown(wait=False, cancel_futures=True)
             parse_pool.shutdown(wait=False, cancel_futures=True)
             lifecycle.stop()
+            heap.thaw()
             logger.info("stopped")
 
     return lifespan

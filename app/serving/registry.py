@@ -18,6 +18,7 @@ import threading
 from collections.abc import Callable
 from typing import Any
 
+from app import heap
 from app.errors import NotFoundError, NotReadyError, ServiceError
 from app.metrics import Metrics
 from app.serving.admission import Admission
@@ -141,6 +142,7 @@ class Registry:
                     await version.unload(0, "discarded: the load failed")
                 if name not in self._serving:
                     self._history[name] = [version.describe() for version in built]
+                heap.collect_and_freeze()
                 raise LoadError(f"cannot load {name!r}: {exc}") from exc
             finally:
                 self._loading.pop(name, None)
@@ -152,22 +154,32 @@ class Registry:
             self._history.pop(name, None)
             kept = {version.version for version in built}
             await self._retire(name, list(previous.values()), kept, "replaced by a reload")
+            if previous:
+                heap.collect_and_freeze()
+            else:
+                heap.freeze()  # the new versions live until they are unloaded
 
     async def unload(self, name: str) -> None:
         """Stop serving ``name``: its versions answer what they accepted, then go."""
+        if await self._unload(name):
+            heap.collect_and_freeze()
+
+    async def _unload(self, name: str) -> bool:
+        """Whether ``name`` served and is now unloaded."""
         async with self._lock(name):
             versions = self._serving.pop(name, None)
             if versions is None:
                 if name in self._history or name in self.available():
-                    return  # already unloaded: nothing to do, as Triton answers
+                    return False  # already unloaded: nothing to do, as Triton answers
                 raise NotFoundError(f"unknown model {name!r}")
             await self._retire(name, list(versions.values()), set(), "unloaded")
             self._history[name] = [version.describe() for version in versions.values()]
+            return True
 
     async def aclose(self) -> None:
         """Unload every model (the process is stopping)."""
         for name in list(self._serving):
-            await self.unload(name)
+            await self._unload(name)  # no collection: the lifespan thaws the heap next
 
     async def abort(self) -> None:
         """Answer every queued request of every version now (503): the drain timed out."""

@@ -1,0 +1,52 @@
+"""The collector stays off the long-lived heap: no collections while the server's imports
+run, what start-up made is frozen, and an unloaded model's objects are still freed."""
+
+from __future__ import annotations
+
+import gc
+import json
+import os
+import subprocess
+import sys
+import weakref
+from pathlib import Path
+
+from tests.conftest import COLOR_MODEL, make_settings, serve
+from tests.repository import colour_repository
+
+ROOT = Path(__file__).resolve().parent.parent
+
+
+def test_importing_the_server_collects_nothing_until_the_app_exists() -> None:
+    script = (
+        "import gc, json, app.main\n"
+        "print(json.dumps({'enabled': gc.isenabled(), 'frozen': gc.get_freeze_count(),"
+        " 'full_collections': gc.get_stats()[2]['collections']}))\n"
+    )
+    env = {**os.environ, "BATCHSERVE_MODEL": COLOR_MODEL, "BATCHSERVE_WEIGHTS": "none"}
+    done = subprocess.run([sys.executable, "-c", script], cwd=ROOT, env=env,
+                          capture_output=True, text=True, timeout=120)  # fmt: skip
+    assert done.returncode == 0, done.stderr[-2000:]
+    state = json.loads(done.stdout.strip().splitlines()[-1])
+    # torch's import alone makes enough objects for several full collections.
+    assert state["full_collections"] == 0
+    assert state["enabled"]
+    assert state["frozen"] > 100_000  # the imports and the app module's application
+
+
+async def test_a_loaded_model_is_frozen_and_freed_once_unloaded(tmp_path: Path) -> None:
+    settings = make_settings(model_repository=colour_repository(tmp_path),
+                             model_control="explicit", load_models=("probe",))  # fmt: skip
+    async with serve(settings) as (app, client):
+        loaded = await client.post("/v2/repository/models/colors/load", json={})
+        assert loaded.status_code == 200, loaded.text
+        registry = app.state.server.started().registry
+        engine = registry.models["colors"][2].engine
+        assert engine is not None
+        assert not any(tracked is engine for tracked in gc.get_objects())  # frozen, not tracked
+        retired = weakref.ref(engine)
+        del engine
+        unloaded = await client.post("/v2/repository/models/colors/unload")
+        assert unloaded.status_code == 200, unloaded.text
+        assert retired() is None  # collected without the test asking for a collection
+    assert gc.get_freeze_count() == 0  # the stopped server thawed the heap
