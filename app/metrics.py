@@ -111,6 +111,14 @@ class Metrics:
             ["route", "outcome", "model"],
             registry=r,
         )
+        self.request_seconds = Histogram(
+            "batchserve_request_duration_seconds",
+            "Time from a prediction request's arrival to its answer, by route, outcome and "
+            "model, for the same answers as batchserve_requests_total",
+            ["route", "outcome", "model"],
+            buckets=_SECONDS_BUCKETS,
+            registry=r,
+        )
         self.rejected = Counter(
             "batchserve_rejected_requests",
             "Requests refused at once, by reason",
@@ -173,6 +181,7 @@ class Metrics:
             registry=r,
         )
         self._request_children: dict[tuple[str, str, str], Any] = {}
+        self._duration_children: dict[tuple[str, str, str], Any] = {}
         self._versions: dict[tuple[str, str], VersionMetrics] = {}
         self._state_children = {phase: self.state.labels(phase.value) for phase in Phase}
 
@@ -240,12 +249,19 @@ class Metrics:
                 if key not in self._request_children:
                     self._request_children[key] = self.requests.labels(*key)
 
-    def count_request(self, route: str, outcome: str, model: str = "") -> None:
+    def count_request(self, route: str, outcome: str, model: str, seconds: float) -> None:
+        """One answer of a prediction route, and the ``seconds`` it took."""
         key = (route, outcome, model)
-        child = self._request_children.get(key)
-        if child is None:
-            child = self._request_children[key] = self.requests.labels(route, outcome, model)
-        child.inc()
+        count = self._request_children.get(key)
+        if count is None:
+            count = self._request_children[key] = self.requests.labels(*key)
+        count.inc()
+        # Created at the first answer of its kind: zero series for every outcome would say
+        # nothing a rate of the counter does not.
+        duration = self._duration_children.get(key)
+        if duration is None:
+            duration = self._duration_children[key] = self.request_seconds.labels(*key)
+        duration.observe(seconds)
 
     def on_reject(self, reason: str, model: str = "") -> None:
         self.rejected.labels(reason, model).inc()

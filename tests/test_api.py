@@ -142,6 +142,14 @@ async def test_metrics_exposes_the_documented_names(client: httpx.AsyncClient) -
     )
     assert metric(text, 'batchserve_requests_total{outcome="invalid",route="predict"}') == 1
     assert metric(text, "batchserve_device_busy_seconds_total") > 0
+    # Each answer is timed once, by outcome, by batchserve's own histogram...
+    ok = 'model="color_classifier",outcome="ok",route="predict"'
+    assert metric(text, f"batchserve_request_duration_seconds_count{{{ok}}}") == 1
+    assert metric(text, f"batchserve_request_duration_seconds_sum{{{ok}}}") > 0
+    invalid = 'outcome="invalid",route="predict"'
+    assert metric(text, f"batchserve_request_duration_seconds_count{{{invalid}}}") == 1
+    # ... and not again by the instrumentator, which keeps the other routes.
+    assert 'handler="/predict"' not in text
 
 
 # -- batching through HTTP -----------------------------------------------------------------
@@ -428,6 +436,34 @@ async def test_a_crashed_batching_loop_turns_readiness_off(
         text = (await client.get("/metrics")).text
         assert metric(text, "batchserve_ready") == 0
         assert metric(text, 'batchserve_state{state="failed"}') == 1
+
+
+@pytest.mark.parametrize(
+    "query", ["top_k=0", "top_k=abc", "top_k=1.5", "top_k=-2", "top_k=", "version=0", "version=x"]
+)
+async def test_predict_refuses_parameters_out_of_their_documented_range(
+    client: httpx.AsyncClient, query: str
+) -> None:
+    response = await client.post(f"/predict?{query}", content=images.jpeg(), headers=JPEG)
+    assert_error(response, 422, "invalid_parameter")
+    assert query.partition("=")[0] in response.json()["error"]["message"]
+
+
+async def test_predict_takes_the_parameters_its_documentation_names(
+    client: httpx.AsyncClient,
+) -> None:
+    documented = (await client.get("/openapi.json")).json()["paths"]["/predict"]["post"]
+    parameters = {p["name"]: p["schema"] for p in documented["parameters"]}
+    assert set(parameters) == {"top_k", "model", "version"}
+    assert parameters["top_k"]["anyOf"][0] == {"type": "integer", "minimum": 1}
+    assert parameters["version"]["anyOf"][0] == {"type": "integer", "minimum": 1}
+    answer = await client.post(
+        "/predict?top_k=2&model=color_classifier&version=1", content=images.jpeg(), headers=JPEG
+    )
+    assert answer.status_code == 200, answer.text
+    assert len(answer.json()["predictions"]) == 2
+    missing = await client.post("/predict?version=2", content=images.jpeg(), headers=JPEG)
+    assert_error(missing, 404, "not_found")
 
 
 async def test_the_key_is_checked_before_any_parameter() -> None:

@@ -265,6 +265,8 @@ def test_calls_are_counted_in_the_metrics(server: UvicornProcess, client: Any) -
     assert scrape(server, 'batchserve_requests_total{route="grpc_infer",outcome="ok"}') == (
         before + 1
     )
+    timed = 'batchserve_request_duration_seconds_count{route="grpc_infer",outcome="ok"}'
+    assert scrape(server, timed) == before + 1
 
 
 def test_the_asyncio_client(server: UvicornProcess) -> None:

@@ -119,7 +119,8 @@ class InferenceService(service_pb2_grpc.GRPCInferenceServiceServicer):  # type: 
             scope["outcome"] = "ok"
             return response
         finally:
-            self.server.metrics.count_request(ROUTE, scope["outcome"], scope.get("model", ""))
+            self.server.metrics.count_request(ROUTE, scope["outcome"], scope.get("model", ""),
+                                              time.perf_counter() - arrived)  # fmt: skip
             self.server.leave()
 
     async def _infer(

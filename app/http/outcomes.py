@@ -1,4 +1,4 @@
-"""Count every answer of the prediction routes by outcome, in one place.
+"""Count and time every answer of the prediction routes by outcome, in one place.
 
 Plain ASGI, outside everything else the app adds, so that answers given before a route runs
 (431 for oversized headers, 401 from the authentication dependency, 422 from parameter
@@ -8,6 +8,7 @@ validation) are counted exactly like the route's own.
 from __future__ import annotations
 
 import asyncio
+import time
 from collections.abc import Callable
 
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
@@ -28,15 +29,16 @@ def outcome_of(status: int | None, marked: object) -> str:
 
 
 class OutcomeMiddleware:
-    """Calls ``count(route, outcome, model)`` once for every request whose path ``route_of``
-    names (None: not a prediction route, not counted); ``model`` is what the route marked
-    (``mark_model``), empty when it found none."""
+    """Calls ``count(route, outcome, model, seconds)`` once for every request whose path
+    ``route_of`` names (None: not a prediction route, not counted); ``model`` is what the route
+    marked (``mark_model``), empty when it found none; ``seconds`` runs from the request's
+    arrival here to its answer."""
 
     def __init__(
         self,
         app: ASGIApp,
         route_of: Callable[[str], str | None],
-        count: Callable[[str, str, str], None],
+        count: Callable[[str, str, str, float], None],
     ) -> None:
         self.app = app
         self.route_of = route_of
@@ -47,6 +49,7 @@ class OutcomeMiddleware:
         if route is None:
             await self.app(scope, receive, send)
             return
+        arrived = time.perf_counter()
         status: int | None = None
 
         async def send_and_watch(message: Message) -> None:
@@ -55,17 +58,17 @@ class OutcomeMiddleware:
                 status = message["status"]
             await send(message)
 
-        def model() -> str:
-            return str((scope.get("state") or {}).get("model", ""))
+        def count(outcome: str) -> None:
+            model = str((scope.get("state") or {}).get("model", ""))
+            self.count(route, outcome, model, time.perf_counter() - arrived)
 
         try:
             await self.app(scope, receive, send_and_watch)
         except asyncio.CancelledError:
-            self.count(route, "cancelled", model())
+            count("cancelled")
             raise
         except BaseException:
-            # answered 500 by the server error handler outside us
-            self.count(route, "error", model())
+            count("error")  # answered 500 by the server error handler outside us
             raise
         state = scope.get("state") or {}
-        self.count(route, outcome_of(status, state.get("outcome")), model())
+        count(outcome_of(status, state.get("outcome")))

@@ -4,13 +4,17 @@ from __future__ import annotations
 
 import math
 import time
+from collections.abc import Callable, Coroutine
 from typing import Annotated, Any
 
 import orjson
 from fastapi import APIRouter, Query, Request
+from fastapi.routing import APIRoute
+from starlette.datastructures import QueryParams
 from starlette.responses import Response
 
 from app.errors import InvalidParameterError
+from app.http.auth import require_api_key
 from app.http.body import read_image
 from app.http.calls import admit, disconnected, guarded, read_within
 from app.http.errors import mark_outcome
@@ -19,7 +23,35 @@ from app.http.schemas import ErrorBody, PredictResponse
 from app.http.state import ServerState
 from app.serving.predict import Inputs
 
-router = APIRouter()
+
+class PredictRoute(APIRoute):
+    """Documented by FastAPI from ``predict``'s signature, but run without FastAPI's
+    per-request solving of dependencies and parameters, which cost this route about 0.1 ms of
+    the event loop per request on a small CPU (a sixth of its share of an image): the
+    handler checks the key, reads the query parameters by the rules the signature declares,
+    and calls ``predict``. So the router is included without dependencies."""
+
+    def get_route_handler(self) -> Callable[[Request], Coroutine[Any, Any, Response]]:
+        return _handle
+
+
+async def _handle(request: Request) -> Response:
+    await require_api_key(request)  # before any parameter is looked at
+    query = request.query_params
+    top_k, version = _at_least_one(query, "top_k"), _at_least_one(query, "version")
+    return await predict(request, top_k, query.get("model"), version)
+
+
+def _at_least_one(query: QueryParams, name: str) -> int | None:
+    raw = query.get(name)
+    if raw is None:
+        return None
+    if not (raw.isascii() and raw.isdigit()) or int(raw) < 1:
+        raise InvalidParameterError(f"{name} must be a whole number of at least 1")
+    return int(raw)
+
+
+router = APIRouter(route_class=PredictRoute)
 
 TIMEOUT_HEADER = "x-request-timeout-ms"
 PRIORITY_HEADER = "x-priority"
