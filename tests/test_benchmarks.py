@@ -12,7 +12,7 @@ import httpx
 import pytest
 import torch
 
-from benchmarks import accuracy, gpu_check, offline, sweep
+from benchmarks import accuracy, commits, gpu_check, offline, sweep
 from benchmarks.corpus import generate, load
 from benchmarks.loadgen import LoadSpec, run
 from benchmarks.promtext import ServerDelta, parse
@@ -247,3 +247,21 @@ def test_the_resize_benchmarks_alternatives_make_the_served_image() -> None:
         assert resized.dtype == torch.uint8, name
         # Every method makes the same picture, up to a few pixel values.
         assert (resized.float() - served.float()).abs().mean() < 4, name
+
+
+def test_commits_compares_each_round_with_the_first_commits_same_round() -> None:
+    def sample(served: float, pipelined: float) -> dict[str, float]:
+        return {"forward": 2 * pipelined, "pipelined": pipelined, "served": served,
+                "one_client_p50_ms": 10.0}  # fmt: skip
+
+    # The machine slows down over the rounds; the change is worth 1.2x in each of them.
+    samples = {
+        "old": {"int8": [sample(100, 120), sample(50, 60), sample(80, 90)]},
+        "new": {"int8": [sample(120, 120), sample(60, 60), sample(96, 90)]},
+    }
+    compared = commits.compare(samples, ["old", "new"])["int8"]
+    assert compared["new"]["served_vs_first"] == pytest.approx(1.2)
+    assert compared["old"]["served_vs_first"] == 1.0
+    assert compared["new"]["served_vs_limit"] == pytest.approx(1.0)
+    assert compared["old"]["served_vs_limit"] == pytest.approx(100 / 120)
+    assert compared["new"]["served"] == 96  # a median of the rounds, not a ratio
