@@ -20,6 +20,7 @@ from prometheus_fastapi_instrumentator import Instrumentator
 from app.cpus import pin_worker
 from app.errors import ServiceError
 from app.http.auth import require_api_key
+from app.http.direct import DirectRoute, DirectRoutes, route_named
 from app.http.draining import SigtermDrain
 from app.http.errors import install_error_handlers
 from app.http.limits import HeaderLimitMiddleware
@@ -37,16 +38,19 @@ from app.startup import Phases, process_age_s
 
 logger = logging.getLogger("batchserve")
 
-_V2_INFER = re.compile(r"/v2/models/[^/]+(/versions/[^/]+)?/infer")
+PREDICTION_ROUTES = (
+    DirectRoute("predict", re.compile("/predict"), predict.handle),
+    DirectRoute(
+        "v2_infer",
+        re.compile(r"/v2/models/(?P<name>[^/]+)(?:/versions/(?P<version>[^/]+))?/infer"),
+        v2.handle_infer,
+    ),
+)
 
 
 def prediction_route(path: str) -> str | None:
     """The name of a prediction route, for ``batchserve_requests_total{route}``."""
-    if path == "/predict":
-        return "predict"
-    if _V2_INFER.fullmatch(path):
-        return "v2_infer"
-    return None
+    return route_named(PREDICTION_ROUTES, path)
 
 
 def create_app(settings: Settings | None = None) -> FastAPI:
@@ -95,6 +99,8 @@ def create_app(settings: Settings | None = None) -> FastAPI:
             "/v2/health/ready",
         ],
     ).instrument(app)
+    # The prediction routes skip the router, the instrumentator and the exception middleware.
+    app.add_middleware(DirectRoutes, routes=PREDICTION_ROUTES)
     app.add_middleware(RequestIdMiddleware)  # ids and start times for everything below
     app.add_middleware(HeaderLimitMiddleware, max_bytes=settings.max_header_bytes)
     app.add_middleware(

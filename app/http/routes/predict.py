@@ -32,10 +32,11 @@ class PredictRoute(APIRoute):
     and calls ``predict``. So the router is included without dependencies."""
 
     def get_route_handler(self) -> Callable[[Request], Coroutine[Any, Any, Response]]:
-        return _handle
+        return handle
 
 
-async def _handle(request: Request) -> Response:
+async def handle(request: Request, path_params: dict[str, str] | None = None) -> Response:
+    """The whole route: the key, the query, the prediction (the direct dispatch's handler)."""
     await require_api_key(request)  # before any parameter is looked at
     query = request.query_params
     top_k, version = _at_least_one(query, "top_k"), _at_least_one(query, "version")

@@ -24,6 +24,7 @@ from starlette.responses import Response
 
 from app.engine import InferenceEngine, Prediction
 from app.errors import NotReadyError
+from app.http.auth import require_api_key
 from app.http.body import read_raw
 from app.http.calls import admit, disconnected, guarded, read_within
 from app.http.errors import mark_outcome
@@ -130,6 +131,13 @@ async def infer(request: Request, name: str, version: str | None = None) -> Resp
     """An Open Inference Protocol request: JSON, or JSON followed by binary tensor data with
     ``Inference-Header-Content-Length``; any ``Content-Type`` (Triton's client sends none)."""
     return await guarded(request, lambda server: _infer(server, request, name, version))
+
+
+async def handle_infer(request: Request, path_params: dict[str, str]) -> Response:
+    """``infer`` with its key check, for the direct dispatch (FastAPI's router adds the check as
+    a dependency)."""
+    await require_api_key(request)
+    return await infer(request, path_params["name"], path_params.get("version"))
 
 
 async def _infer(server: ServerState, request: Request, name: str, version: str | None) -> Response:
