@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import os
 import re
 from collections.abc import Awaitable, Callable, Iterator
 
@@ -11,6 +12,7 @@ import httpx
 import pytest
 
 from app.cpus import available_cpus
+from app.http.requestid import new_request_id
 from tests import images
 from tests.checks import metric
 from tests.conftest import make_settings, serve
@@ -66,6 +68,23 @@ async def test_predict_multipart(client: httpx.AsyncClient) -> None:
     response = await client.post("/predict?top_k=2", files=files)
     assert response.status_code == 200, response.text
     assert len(response.json()["predictions"]) == 2
+
+
+def test_made_up_request_ids_are_unique_in_a_process_and_across_forks() -> None:
+    made = [new_request_id() for _ in range(1000)]
+    assert len(set(made)) == len(made)
+    assert all(re.fullmatch(r"[0-9a-f]{32}", made_up) for made_up in made)
+    read, write = os.pipe()
+    child = os.fork()
+    if child == 0:  # pragma: no cover - the child reports through the pipe
+        os.write(write, new_request_id().encode())
+        os._exit(0)
+    os.waitpid(child, 0)
+    in_child = os.read(read, 64).decode()
+    os.close(read)
+    os.close(write)
+    assert re.fullmatch(r"[0-9a-f]{32}", in_child)
+    assert in_child[:16] != new_request_id()[:16]  # not the parent's ids continued
 
 
 async def test_timing_and_request_id_headers(client: httpx.AsyncClient) -> None:

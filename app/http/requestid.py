@@ -3,7 +3,9 @@
 from __future__ import annotations
 
 import contextvars
+import itertools
 import logging
+import os
 import re
 import time
 import uuid
@@ -20,11 +22,31 @@ current_request_id: contextvars.ContextVar[str | None] = contextvars.ContextVar(
 )
 
 
+class _Ids:
+    """32 hex digits: this process's random half, then a count. ``uuid4`` would read the
+    kernel's random source for every request, a system call that lets the event loop's thread
+    lose the GIL to a decode or batch thread; a forked child draws a random half of its own."""
+
+    def __init__(self) -> None:
+        self.reset()
+        os.register_at_fork(after_in_child=self.reset)
+
+    def reset(self) -> None:
+        self.prefix = uuid.uuid4().hex[:16]
+        self.count = itertools.count()
+
+    def new(self) -> str:
+        return f"{self.prefix}{next(self.count) & 0xFFFF_FFFF_FFFF_FFFF:016x}"
+
+
+new_request_id = _Ids().new
+
+
 def request_id_from(candidate: str | None) -> str:
     """``candidate`` when it is safe in headers and logs, else a new id."""
     if candidate is not None and _VALID.fullmatch(candidate):
         return candidate
-    return uuid.uuid4().hex
+    return new_request_id()
 
 
 def request_id_of(scope: MutableMapping[str, Any]) -> str | None:
@@ -60,7 +82,7 @@ class RequestIdMiddleware:
                     request_id = candidate
                 break
         if request_id is None:
-            request_id = uuid.uuid4().hex
+            request_id = new_request_id()
         state = scope.setdefault("state", {})
         state["request_id"] = request_id
         state["request_start"] = start
