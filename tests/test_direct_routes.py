@@ -123,3 +123,4 @@ async def test_under_a_root_path_the_routes_are_matched_below_it() -> None:
     assert mounted.status_code == 200
     assert seen == [{"name": "m"}]
     assert outside.status_code == 418
+    assert inner.paths == [("POST", "/other/v2/models/m/infer")]

@@ -16,7 +16,7 @@ import time
 from collections.abc import Awaitable, Callable, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
-from typing import Any, Literal
+from typing import Any, Literal, TypeVar
 
 import numpy as np
 import torch
@@ -30,6 +30,8 @@ from app.serving.registry import Registry
 from app.serving.version import ModelVersion
 from app.settings import Settings
 from preprocessing import Buffer, PreparedImage, prepare_normalized, prepare_pixels
+
+Outcome = TypeVar("Outcome")
 
 
 class Cancelled(Exception):
@@ -198,9 +200,12 @@ class Predictor:
             level = admitted.version.settings.default_priority - 1
         stage = admitted.version.metrics.observe_stage
         if inputs.kind == "encoded":
-            images = await asyncio.gather(*(
-                self.decoding.run(level, engine.prepare, data) for data in inputs.items
-            ))  # fmt: skip
+            if len(inputs) == 1:  # most requests: no task and no gathering future for one job
+                images = [await self.decoding.run(level, engine.prepare, inputs.items[0])]
+            else:
+                images = await asyncio.gather(*(
+                    self.decoding.run(level, engine.prepare, data) for data in inputs.items
+                ))  # fmt: skip
             for image in images:
                 if image.pixels is not None:  # decoded here; a device decode is timed per batch
                     stage("decode", image.decode_s)
@@ -259,19 +264,28 @@ class Predictor:
 async def _gather_or_cancel(
     futures: list[asyncio.Future[Prediction]], cancelled: Callable[[], Awaitable[Any]] | None
 ) -> list[Prediction]:
-    everything = asyncio.gather(*futures)
+    if len(futures) == 1:  # most requests: the one future, without a gathering one around it
+        return [await _or_cancel(futures[0], cancelled)]
+    return await _or_cancel(asyncio.gather(*futures), cancelled)
+
+
+async def _or_cancel(
+    future: asyncio.Future[Outcome], cancelled: Callable[[], Awaitable[Any]] | None
+) -> Outcome:
+    """``future``'s result, or ``Cancelled`` (and ``future`` cancelled) when what
+    ``cancelled()`` returns completes first."""
     if cancelled is None:
-        return await everything
+        return await future
     watcher = asyncio.ensure_future(cancelled())
     try:
-        await asyncio.wait((everything, watcher), return_when=asyncio.FIRST_COMPLETED)
+        await asyncio.wait((future, watcher), return_when=asyncio.FIRST_COMPLETED)
     finally:
         watcher.cancel()
-    if everything.done():
-        return everything.result()
-    everything.cancel()
+    if future.done():
+        return future.result()
+    future.cancel()
     with contextlib.suppress(asyncio.CancelledError):
-        await everything
+        await future
     raise Cancelled
 
 
