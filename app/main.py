@@ -11,7 +11,6 @@ import logging
 import re
 import time
 from collections.abc import AsyncIterator
-from concurrent.futures import ThreadPoolExecutor
 from contextlib import asynccontextmanager
 
 from fastapi import Depends, FastAPI
@@ -35,6 +34,7 @@ from app.serving.predict import PARSE_THREADS, Predictor
 from app.serving.registry import Registry
 from app.settings import Settings, SettingsError, load_settings
 from app.startup import Phases, process_age_s
+from batching.threads import LoopThreads
 
 logger = logging.getLogger("batchserve")
 
@@ -130,10 +130,10 @@ def _lifespan(server: ServerState):  # type: ignore[no-untyped-def]
             logger.critical("batchserve cannot start: %s", exc.message)
             await registry.aclose()
             raise
-        decode_pool = ThreadPoolExecutor(settings.decode_threads, thread_name_prefix="decode")
-        parse_pool = ThreadPoolExecutor(PARSE_THREADS, thread_name_prefix="parse")
+        decode_threads = LoopThreads(settings.decode_threads, "decode")
+        parse_threads = LoopThreads(PARSE_THREADS, "parse")
         server.predictor = Predictor(
-            settings, registry, admission, metrics, decode_pool, parse_pool
+            settings, registry, admission, metrics, decode_threads, parse_threads
         )
         grpc_front = None
         if settings.grpc_port:
@@ -145,8 +145,8 @@ def _lifespan(server: ServerState):  # type: ignore[no-untyped-def]
             except GrpcBindError as exc:
                 logger.critical("batchserve cannot start: %s", exc)
                 await registry.aclose()
-                decode_pool.shutdown(wait=False, cancel_futures=True)
-                parse_pool.shutdown(wait=False, cancel_futures=True)
+                decode_threads.shutdown()
+                parse_threads.shutdown()
                 raise
         lifecycle.serve()
         _report_startup(server, registry, time.perf_counter() - lifespan_started)
@@ -160,8 +160,8 @@ def _lifespan(server: ServerState):  # type: ignore[no-untyped-def]
             if grpc_front is not None:  # after a SIGTERM drain, nothing is left to wait for
                 await grpc_front.stop(settings.drain_timeout_s)
             await registry.aclose()
-            decode_pool.shutdown(wait=False, cancel_futures=True)
-            parse_pool.shutdown(wait=False, cancel_futures=True)
+            decode_threads.shutdown()
+            parse_threads.shutdown()
             lifecycle.stop()
             heap.thaw()
             logger.info("stopped")

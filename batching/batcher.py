@@ -9,7 +9,6 @@ import logging
 import math
 from collections import deque
 from collections.abc import Callable, Sequence
-from concurrent.futures import ThreadPoolExecutor
 from typing import Generic, TypeVar, cast
 
 from batching.clock import Cancellable, Clock, LoopClock
@@ -17,6 +16,7 @@ from batching.config import BatchConfig
 from batching.errors import BatcherClosedError, DeadlineExceededError, QueueFullError
 from batching.observer import BatchObserver, DropReason, RejectReason
 from batching.policy import decide
+from batching.threads import LoopThreads
 from batching.timing import ExecutionTimeModel
 
 T = TypeVar("T")
@@ -138,7 +138,7 @@ class DynamicBatcher(Generic[T, R]):
         self._wake_count = _NEVER
         self._last_finished = float("-inf")
         self._loop_task: asyncio.Task[None] | None = None
-        self._executor: ThreadPoolExecutor | None = None
+        self._threads: LoopThreads | None = None
         self._closing = False
         self._closed = asyncio.Event()
         self._failure: BaseException | None = None
@@ -185,9 +185,7 @@ class DynamicBatcher(Generic[T, R]):
         """Start the batching loop on the running event loop."""
         if self._loop_task is not None:
             raise RuntimeError("the batcher is already started")
-        self._executor = ThreadPoolExecutor(
-            max_workers=self.config.max_inflight_batches, thread_name_prefix="run-batch"
-        )
+        self._threads = LoopThreads(self.config.max_inflight_batches, "run-batch")
         self._loop_task = asyncio.get_running_loop().create_task(self._run(), name="batcher")
 
     async def aclose(self, drain_timeout: float | None = None) -> None:
@@ -232,9 +230,9 @@ class DynamicBatcher(Generic[T, R]):
             # A task cancelled before its first step never ran its own error handling.
             for request in batch:
                 self._settle(request, BatcherClosedError("the server is shutting down"))
-        if self._executor is not None:
+        if self._threads is not None:
             # A batch still running in a thread finishes there; nobody waits for it.
-            self._executor.shutdown(wait=False, cancel_futures=True)
+            self._threads.shutdown()
 
     # -- submitting ----------------------------------------------------------------------
 
@@ -493,12 +491,10 @@ class DynamicBatcher(Generic[T, R]):
         started = self._clock.now()
         error: BaseException | None = None
         try:
-            assert self._executor is not None
+            assert self._threads is not None
             # Dispatched requests are unanswered, so each still has its item.
             items = [cast(T, request.item) for request in batch]
-            results = await asyncio.get_running_loop().run_in_executor(
-                self._executor, self._run_batch, items
-            )
+            results = await self._threads.run(self._run_batch, items)
             if len(results) != len(batch):
                 raise RuntimeError(
                     f"run_batch returned {len(results)} results for {len(batch)} items"

@@ -24,11 +24,23 @@ class Clock(Protocol):
 class LoopClock:
     """The running event loop's monotonic clock (``loop.time()`` and ``loop.call_at``)."""
 
+    def __init__(self) -> None:
+        self._loop: asyncio.AbstractEventLoop | None = None
+
     def now(self) -> float:
-        return asyncio.get_running_loop().time()
+        return self._running().time()
 
     def call_at(self, when: float, callback: Callable[[], None]) -> Cancellable:
-        return asyncio.get_running_loop().call_at(when, callback)
+        return self._running().call_at(when, callback)
+
+    def _running(self) -> asyncio.AbstractEventLoop:
+        # The batcher reads the clock several times per request, and on CPython 3.11
+        # get_running_loop() is a getpid() system call each time: the first loop is kept,
+        # and a closed one (a test's earlier loop) is looked up again.
+        loop = self._loop
+        if loop is None or loop.is_closed():
+            loop = self._loop = asyncio.get_running_loop()
+        return loop
 
 
 class _ManualTimer:

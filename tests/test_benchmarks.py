@@ -12,7 +12,7 @@ import httpx
 import pytest
 import torch
 
-from benchmarks import accuracy, commits, gpu_check, offline, sweep
+from benchmarks import accuracy, commits, gpu_check, handoff, offline, sweep
 from benchmarks.corpus import generate, load
 from benchmarks.loadgen import LoadSpec, run
 from benchmarks.promtext import ServerDelta, parse
@@ -265,3 +265,19 @@ def test_commits_compares_each_round_with_the_first_commits_same_round() -> None
     assert compared["new"]["served_vs_limit"] == pytest.approx(1.0)
     assert compared["old"]["served_vs_limit"] == pytest.approx(100 / 120)
     assert compared["new"]["served"] == 96  # a median of the rounds, not a ratio
+
+
+def test_handoff_measures_both_ways_in_alternating_rounds() -> None:
+    import argparse
+
+    import uvloop
+
+    args = argparse.Namespace(jobs=200, clients=8, rounds=2)
+    samples = uvloop.run(handoff.measure(args))
+    assert {name: len(values) for name, values in samples.items()} == {
+        "run_in_executor": 2, "LoopThreads": 2,
+    }  # fmt: skip
+    assert all(value > 0 for values in samples.values() for value in values)
+    text = handoff.markdown({"machine": {}, "jobs": 200, "clients": 8, "rounds": 2,
+                             "samples": samples})  # fmt: skip
+    assert "| `loop.run_in_executor` (a `ThreadPoolExecutor`) |" in text

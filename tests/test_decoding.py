@@ -4,10 +4,21 @@ from __future__ import annotations
 
 import asyncio
 import threading
-from concurrent.futures import ThreadPoolExecutor
+from collections.abc import Iterator
+from contextlib import contextmanager
 
 from app.serving.decoding import PriorityPool
+from batching.threads import LoopThreads
 from tests.fakes import settle, until
+
+
+@contextmanager
+def threads(workers: int) -> Iterator[LoopThreads]:
+    pool = LoopThreads(workers, "decode")
+    try:
+        yield pool
+    finally:
+        pool.shutdown(wait=True)
 
 
 async def test_the_most_urgent_waiting_job_gets_the_next_thread() -> None:
@@ -20,8 +31,8 @@ async def test_the_most_urgent_waiting_job_gets_the_next_thread() -> None:
         order.append(name)
         return name
 
-    with ThreadPoolExecutor(1) as executor:
-        pool = PriorityPool(executor, 1)
+    with threads(1) as workers:
+        pool = PriorityPool(workers)
         blocker = asyncio.ensure_future(pool.run(1, job, "blocker"))
         await settle()
         # Arrival order: two low, a cancelled one, then a high and a second high.
@@ -39,8 +50,8 @@ async def test_the_most_urgent_waiting_job_gets_the_next_thread() -> None:
 
 
 async def test_a_free_thread_is_not_lost_to_a_cancelled_wait() -> None:
-    with ThreadPoolExecutor(2) as executor:
-        pool = PriorityPool(executor, 2)
+    with threads(2) as workers:
+        pool = PriorityPool(workers)
         gate = threading.Event()
         running = [asyncio.ensure_future(pool.run(1, gate.wait, 10)) for _ in range(2)]
         await settle()

@@ -12,18 +12,19 @@ import asyncio
 import heapq
 import itertools
 from collections.abc import Callable
-from concurrent.futures import Executor
 from typing import TypeVar
+
+from batching.threads import LoopThreads
 
 Result = TypeVar("Result")
 
 
 class PriorityPool:
-    """Runs functions in ``executor``, ``workers`` at a time, the lowest level first."""
+    """Runs functions in ``threads``, one per thread at a time, the lowest level first."""
 
-    def __init__(self, executor: Executor, workers: int) -> None:
-        self._executor = executor
-        self._free = workers
+    def __init__(self, threads: LoopThreads) -> None:
+        self._threads = threads
+        self._free = threads.workers
         self._waiting: list[tuple[int, int, asyncio.Future[None]]] = []
         self._order = itertools.count()
 
@@ -36,7 +37,7 @@ class PriorityPool:
         lower ``level``, or the same level earlier) waits."""
         await self._turn(level)
         try:
-            return await asyncio.get_running_loop().run_in_executor(self._executor, function, *args)
+            return await self._threads.run(function, *args)
         finally:
             self._hand_over()
 

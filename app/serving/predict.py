@@ -14,7 +14,6 @@ import contextlib
 import math
 import time
 from collections.abc import Awaitable, Callable, Sequence
-from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from typing import Any, Literal, TypeVar
 
@@ -29,6 +28,7 @@ from app.serving.decoding import PriorityPool
 from app.serving.registry import Registry
 from app.serving.version import ModelVersion
 from app.settings import Settings
+from batching.threads import LoopThreads
 from preprocessing import Buffer, PreparedImage, prepare_normalized, prepare_pixels
 
 Outcome = TypeVar("Outcome")
@@ -86,17 +86,17 @@ class Predictor:
         registry: Registry,
         admission: Admission,
         metrics: Metrics,
-        decode_pool: ThreadPoolExecutor,
-        parse_pool: ThreadPoolExecutor | None = None,
+        decode_threads: LoopThreads,
+        parse_threads: LoopThreads | None = None,
     ) -> None:
         self.settings = settings
         self.registry = registry
         self.admission = admission
         self.metrics = metrics
-        self.decoding = PriorityPool(decode_pool, settings.decode_threads)
+        self.decoding = PriorityPool(decode_threads)
         # Request bodies (JSON, base64, flattening) are parsed in threads of their own, so that
         # a burst of large ones does not hold the decode threads that every image needs.
-        self.parsing = (PriorityPool(parse_pool, PARSE_THREADS) if parse_pool is not None
+        self.parsing = (PriorityPool(parse_threads) if parse_threads is not None
                         else self.decoding)  # fmt: skip
 
     def admit(
