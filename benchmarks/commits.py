@@ -3,10 +3,12 @@ interleaved rounds on the same machine.
 
 Each revision is checked out in a worktree of its own; every round runs one round of
 ``benchmarks.backends`` (its offline limits and its served figures, fresh processes) at each
-revision in turn, so that the machine's drift moves them alike. Artefacts are shared (one
+revision in turn, in the opposite order every other round, so that the machine's drift within
+a round does not always favour the same revision. Artefacts are shared (one
 folder for every revision), so that only the first run exports or quantizes. The report gives,
 per configuration, the medians at each revision and, against the first revision, the median of
-each round's own ratio.
+each round's own ratio, for the served figure and for the offline forward pass: where a change
+does not touch the forward pass, that ratio is the machine's drift between the two runs.
 
 Usage: ``python -m benchmarks.commits --revisions 2d81e68 HEAD --rounds 3 -- --model resnet18
 --configs "openvino int8:backend=openvino,precision=int8"``
@@ -46,6 +48,11 @@ def one_round(tree: Path, arguments: list[str]) -> dict[str, dict[str, float]]:
     return {config: rows[0] for config, rows in data["samples"].items()}
 
 
+def round_order(commits: list[str], round_index: int) -> list[str]:
+    """The commits in the order that round ``round_index`` runs them: as given, then reversed."""
+    return list(commits) if round_index % 2 == 0 else list(reversed(commits))
+
+
 def compare(
     samples: dict[str, dict[str, list[dict[str, float]]]], commits: list[str]
 ) -> dict[str, dict[str, dict[str, float]]]:
@@ -61,10 +68,11 @@ def compare(
             row[commit]["served_vs_limit"] = median(
                 [sample["served"] / sample["pipelined"] for sample in rows]
             )
-            row[commit]["served_vs_first"] = median([
-                mine["served"] / theirs["served"]
-                for mine, theirs in zip(rows, samples[first][config], strict=True)
-            ])  # fmt: skip
+            for key in ("served", "forward"):
+                row[commit][f"{key}_vs_first"] = median([
+                    mine[key] / theirs[key]
+                    for mine, theirs in zip(rows, samples[first][config], strict=True)
+                ])  # fmt: skip
         compared[config] = row
     return compared
 
@@ -82,7 +90,8 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
             git("worktree", "add", "--detach", str(tree), commit)
         try:
             for round_index in range(args.rounds):
-                for commit, tree in trees.items():
+                for commit in round_order(commits, round_index):
+                    tree = trees[commit]
                     print(f"round {round_index + 1}/{args.rounds} at {commit}", flush=True)
                     for config, sample in one_round(tree, arguments).items():
                         samples[commit].setdefault(config, []).append(sample)
@@ -101,19 +110,21 @@ def markdown(data: dict[str, Any]) -> str:
     commits, first = data["commits"], data["commits"][0]
     rows = [
         [config, commit, m["forward"], m["pipelined"], m["served"], m["served_vs_limit"],
-         m["served_vs_first"], m["one_client_p50_ms"]]
+         m["served_vs_first"], m.get("forward_vs_first", ""), m["one_client_p50_ms"]]
         for config, row in data["compared"].items()
         for commit, m in row.items()
     ]  # fmt: skip
     heads = ["configuration", "commit", "forward img/s", "pipelined limit img/s",
-             "served img/s", "served / limit", f"served / at {first}", "p50 ms @1"]  # fmt: skip
+             "served img/s", "served / limit", f"served / at {first}",
+             f"forward / at {first}", "p50 ms @1"]  # fmt: skip
     revisions = "\n".join(f"- `{commit}`: {data['subjects'][commit]}" for commit in commits)
     return f"""# The same benchmark at {len(commits)} commits, side by side
 
 `python -m benchmarks.commits --revisions {" ".join(data["revisions"])} --rounds \
 {data["rounds"]} -- {" ".join(data["arguments"])}`: each round runs one round of
-`benchmarks.backends` at every commit in turn. Medians of {data["rounds"]} rounds; ratios
-are medians of each round's own.
+`benchmarks.backends` at every commit in turn (reversed every other round). Medians of
+{data["rounds"]} rounds; ratios are medians of each round's own. The forward pass's ratio is
+the control: a change to the serving path leaves it at 1 but for the machine's drift.
 
 {revisions}
 

@@ -265,6 +265,14 @@ def test_commits_compares_each_round_with_the_first_commits_same_round() -> None
     assert compared["new"]["served_vs_limit"] == pytest.approx(1.0)
     assert compared["old"]["served_vs_limit"] == pytest.approx(100 / 120)
     assert compared["new"]["served"] == 96  # a median of the rounds, not a ratio
+    # The forward pass is the same code at both: its ratio shows only the machine's drift.
+    assert compared["new"]["forward_vs_first"] == pytest.approx(1.0)
+
+
+def test_commits_alternate_their_order_between_rounds() -> None:
+    assert commits.round_order(["a", "b", "c"], 0) == ["a", "b", "c"]
+    assert commits.round_order(["a", "b", "c"], 1) == ["c", "b", "a"]
+    assert commits.round_order(["a", "b"], 2) == ["a", "b"]
 
 
 def test_handoff_measures_both_ways_in_alternating_rounds() -> None:
