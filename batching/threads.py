@@ -23,7 +23,8 @@ _Job = tuple[asyncio.AbstractEventLoop, "asyncio.Future[Any]", Callable[..., Any
 
 
 class LoopThreads:
-    """``workers`` threads named ``{name}_{i}`` that run functions for coroutines.
+    """Up to ``workers`` threads named ``{name}_{i}`` that run functions for coroutines,
+    started as jobs need them.
 
     Jobs start in the order they were given. A job whose future was cancelled before a thread
     took it does not run; one already running finishes and its result is dropped.
@@ -33,18 +34,16 @@ class LoopThreads:
         if workers < 1:
             raise ValueError("at least one worker thread")
         self._jobs: queue.SimpleQueue[_Job | None] = queue.SimpleQueue()
+        self._idle: queue.SimpleQueue[None] = queue.SimpleQueue()  # a token per idle thread
         self._closed = False
         self._lock = threading.Lock()  # shutdown against a job put at the same time
-        self._threads = [
-            threading.Thread(target=self._work, name=f"{name}_{index}", daemon=True)
-            for index in range(workers)
-        ]
-        for thread in self._threads:
-            thread.start()
+        self._name = name
+        self._workers = workers
+        self._threads: list[threading.Thread] = []
 
     @property
     def workers(self) -> int:
-        return len(self._threads)
+        return self._workers
 
     def run(self, function: Callable[..., Result], *args: Any) -> asyncio.Future[Result]:
         """``function(*args)`` in one of the threads; await the future for its outcome. Call
@@ -55,7 +54,22 @@ class LoopThreads:
             if self._closed:
                 raise RuntimeError("the worker threads are shut down")
             self._jobs.put((loop, future, function, args))
+            try:
+                self._idle.get_nowait()
+            except queue.Empty:
+                if len(self._threads) < self._workers:
+                    self._start()
         return future
+
+    def _start(self) -> None:
+        # On demand, as a ThreadPoolExecutor starts its threads: with every thread started up
+        # front, the peak memory of a burst of large bodies measured about a third higher
+        # (past its bound; likely more malloc arenas keeping freed buffers).
+        thread = threading.Thread(
+            target=self._work, name=f"{self._name}_{len(self._threads)}", daemon=True
+        )
+        thread.start()
+        self._threads.append(thread)
 
     def shutdown(self, wait: bool = False) -> None:
         """Take no more jobs, cancel those not started, and stop the threads once their running
@@ -87,21 +101,23 @@ class LoopThreads:
             del job
             # Read across threads, at worst stale: a job cancelled just now runs for nothing.
             if future.cancelled():
+                del loop, future, function, args
+                self._idle.put(None)
                 continue
+            settle: Callable[[asyncio.Future[Any], Any], None] = _succeed
             try:
-                result = function(*args)
+                outcome = function(*args)
             except BaseException as exc:  # handed to the awaiting coroutine, as an executor does
+                outcome, settle = exc, _fail
                 if isinstance(exc, StopIteration):  # a future cannot hold one
-                    error = RuntimeError("the job raised StopIteration")
-                    error.__cause__ = exc
-                    exc = error
-                _answer(loop, _fail, future, exc)
-                del exc
-            else:
-                _answer(loop, _succeed, future, result)
-                del result
-            # Drop the job's arguments here, not when the next job arrives.
-            del loop, future, function, args
+                    outcome = RuntimeError("the job raised StopIteration")
+                    outcome.__cause__ = exc
+            # The arguments go now, not when the next job arrives; the thread counts as idle
+            # before it answers, so that the job the answer lets in finds it free.
+            del function, args
+            self._idle.put(None)
+            _answer(loop, settle, future, outcome)
+            del loop, future, outcome
 
 
 def _answer(loop: asyncio.AbstractEventLoop, callback: Callable[..., object], *args: Any) -> None:

@@ -26,6 +26,32 @@ async def test_a_job_runs_in_a_named_thread_and_answers_its_result() -> None:
         threads.shutdown(wait=True)
 
 
+def live(prefix: str) -> set[str]:
+    return {thread.name for thread in threading.enumerate() if thread.name.startswith(prefix)}
+
+
+async def test_threads_start_only_as_jobs_need_them() -> None:
+    threads = LoopThreads(3, "lazy")
+    try:
+        assert live("lazy_") == set()
+        for _ in range(5):  # one job at a time: one thread serves them all
+            await threads.run(lambda: None)
+        assert live("lazy_") == {"lazy_0"}
+        started, gate = threading.Barrier(3, timeout=5), threading.Event()
+
+        def blocks() -> None:
+            started.wait()
+            gate.wait(10)
+
+        both = [threads.run(blocks) for _ in range(2)]
+        await asyncio.to_thread(started.wait)  # two jobs at once need a second thread
+        assert live("lazy_") == {"lazy_0", "lazy_1"}
+        gate.set()
+        await asyncio.gather(*both)
+    finally:
+        threads.shutdown(wait=True)
+
+
 async def test_an_error_reaches_the_awaiting_coroutine() -> None:
     threads = LoopThreads(1, "decode")
 
