@@ -3,14 +3,20 @@ run, what start-up made is frozen, and an unloaded model's objects are still fre
 
 from __future__ import annotations
 
+import asyncio
 import gc
 import json
 import os
 import subprocess
 import sys
+import threading
+import time
 import weakref
 from pathlib import Path
 
+import pytest
+
+from app.engine import InferenceEngine
 from tests.conftest import COLOR_MODEL, make_settings, serve
 from tests.repository import colour_repository
 
@@ -50,3 +56,32 @@ async def test_a_loaded_model_is_frozen_and_freed_once_unloaded(tmp_path: Path) 
         assert unloaded.status_code == 200, unloaded.text
         assert retired() is None  # collected without the test asking for a collection
     assert gc.get_freeze_count() == 0  # the stopped server thawed the heap
+
+
+async def test_an_unload_during_a_warm_up_after_ready_still_frees_the_engine(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    warming = threading.Event()
+    warmup = InferenceEngine.warmup
+
+    def slow_warmup(
+        self: InferenceEngine, batch_sizes: tuple[int, ...] | None = None, rounds: int = 2
+    ) -> dict[int, float]:
+        if batch_sizes is not None and 1 not in batch_sizes:  # the sizes warmed after ready
+            warming.set()
+            time.sleep(0.5)  # the unload arrives while this thread holds the engine
+        return warmup(self, batch_sizes, rounds)
+
+    monkeypatch.setattr(InferenceEngine, "warmup", slow_warmup)
+    settings = make_settings(model_repository=colour_repository(tmp_path),
+                             model_control="explicit", load_models=("probe",))  # fmt: skip
+    async with serve(settings) as (app, client):
+        loaded = await client.post("/v2/repository/models/colors/load", json={})
+        assert loaded.status_code == 200, loaded.text
+        engine = app.state.server.started().registry.models["colors"][2].engine
+        retired = weakref.ref(engine)
+        del engine
+        await asyncio.to_thread(warming.wait, 10)
+        unloaded = await client.post("/v2/repository/models/colors/unload")
+        assert unloaded.status_code == 200, unloaded.text
+        assert retired() is None

@@ -8,6 +8,7 @@ request it accepted, closes its batcher and lets its engine go.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import dataclasses
 import enum
 import gc
@@ -125,8 +126,15 @@ class ModelVersion:
                 if batcher.queue_depth == 0 and batcher.inflight_batches == 0:
                     break
                 await asyncio.sleep(0.05)
+            warming = asyncio.ensure_future(asyncio.to_thread(engine.warmup, (size,)))
             try:
-                measured = await asyncio.to_thread(engine.warmup, (size,))
+                measured = await asyncio.shield(warming)
+            except asyncio.CancelledError:
+                # A thread cannot be stopped, and it holds the engine until its batch is done:
+                # an unload waits for that rather than leave the engine alive behind it.
+                with contextlib.suppress(Exception):
+                    await warming
+                raise
             except Exception as exc:  # the engine serves on; the size warms up on first use
                 logger.warning("%s: warming up batch size %d failed: %s", self.name, size, exc)
                 return
@@ -156,6 +164,8 @@ class ModelVersion:
                            self.name, self.active, drain_timeout_s)  # fmt: skip
         if self._warming is not None:
             self._warming.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await self._warming  # at most the one warm-up batch already running
         if self.batcher is not None:
             await self.batcher.aclose(drain_timeout_s)
         self.batcher = None
