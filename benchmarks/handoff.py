@@ -21,7 +21,7 @@ from typing import Any
 import uvloop
 
 from batching.threads import LoopThreads
-from benchmarks.common import machine, machine_markdown, median, table, write_results
+from benchmarks.common import machine, machine_markdown, median, publish, table
 
 WORKERS = 2
 
@@ -106,9 +106,7 @@ def main() -> None:
     samples = uvloop.run(measure(args))
     data = {"machine": machine(), "jobs": args.jobs, "clients": args.clients,
             "rounds": args.rounds, "samples": samples}  # fmt: skip
-    text = markdown(data)
-    print(text)
-    write_results(args.name, data, text)
+    publish(args.name, data, markdown(data))
 
 
 if __name__ == "__main__":
