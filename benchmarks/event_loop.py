@@ -31,7 +31,7 @@ from starlette.types import ASGIApp, Message
 from app.main import create_app
 from app.serving.predict import Inputs, Predictor
 from app.settings import Settings
-from benchmarks.common import machine, machine_markdown, median, table, write_results
+from benchmarks.common import machine, machine_markdown, median, publish, table
 from benchmarks.corpus import corpus
 
 
@@ -150,9 +150,7 @@ def main() -> None:
     data = {"machine": machine(), "model": args.model, "batch_size": args.batch_size,
             "clients": args.clients, "requests": args.requests, "rounds": args.rounds,
             "samples": samples}  # fmt: skip
-    text = markdown(data)
-    print(text)
-    write_results(args.name, data, text)
+    publish(args.name, data, markdown(data))
 
 
 if __name__ == "__main__":
