@@ -4,8 +4,10 @@ schemas, promtool checks and unit-tests the rules, and the dashboard's queries u
 
 from __future__ import annotations
 
+import importlib.util
 import json
 import re
+import shutil
 import subprocess
 import sys
 from pathlib import Path
@@ -256,6 +258,26 @@ def test_the_cuda_image_gets_onnxruntimes_gpu_build() -> None:
     cuda_builds = [command for text in texts for command in re.findall(cuda, text)]
     assert len(cuda_builds) == 2
     assert all("ONNXRUNTIME=onnxruntime-gpu" in command for command in cuda_builds)
+
+
+def test_the_image_carries_the_bytecode_of_the_code_it_serves(tmp_path: Path) -> None:
+    """The image runs with a read-only root filesystem and PYTHONDONTWRITEBYTECODE, and uvicorn
+    imports the application from /srv: the Dockerfile compiles every package it copies there,
+    so that a start imports bytecode instead of compiling the application first."""
+    dockerfile = (ROOT / "Dockerfile").read_text().replace("\\\n", " ")
+    assert "PYTHONDONTWRITEBYTECODE=1" in dockerfile
+    copied = re.findall(r"^COPY (\w+) \./\1$", dockerfile, re.MULTILINE)
+    assert copied == ["app", "batching", "preprocessing"]
+    (command,) = re.findall(r"python -m compileall [^&\n]*", dockerfile)
+    for package in copied:
+        shutil.copytree(ROOT / package, tmp_path / package,
+                        ignore=shutil.ignore_patterns("__pycache__"))  # fmt: skip
+    subprocess.run([sys.executable, *command.split()[1:]], cwd=tmp_path, check=True)
+    sources = [path for package in copied for path in (tmp_path / package).rglob("*.py")]
+    uncompiled = [str(path) for path in sources
+                  if not Path(importlib.util.cache_from_source(str(path))).is_file()]  # fmt: skip
+    assert sources
+    assert not uncompiled
 
 
 def test_the_scale_to_zero_overlay_wakes_from_zero_on_a_shared_read_only_cache(
