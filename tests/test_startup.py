@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import asyncio
 import errno
+import threading
 import time
 from pathlib import Path
 from typing import Any
@@ -108,6 +109,36 @@ def test_a_runtime_artefact_checked_before_is_not_checked_again(
     onnx.save(model, str(artefact))
     with pytest.raises(AssertionError, match="checked again"):
         build_engine(settings, settings.batch_config("cpu"))
+
+
+async def test_a_runtime_backend_makes_the_warm_up_images_while_it_compiles(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # ONNX Runtime and OpenVINO compile with the GIL released: the warm-up's images are made
+    # on the other core meanwhile, not after the build.
+    from app.serving import version as version_module
+
+    asked = threading.Event()
+    overlapped: list[bool] = []
+    build_engine, warmup_images = version_module.build_engine, version_module.warmup_images
+
+    def build(*args: Any, **kwargs: Any) -> Any:
+        overlapped.append(asked.wait(10))
+        return build_engine(*args, **kwargs)
+
+    def made(count: int = 8) -> tuple[bytes, ...]:
+        asked.set()
+        return warmup_images(count)
+
+    monkeypatch.setattr(version_module, "build_engine", build)
+    monkeypatch.setattr(version_module, "warmup_images", made)
+    settings = make_settings(backend="onnxruntime", artifacts_dir=tmp_path / "artifacts")
+    async with serve(settings) as (_, client):
+        answer = await client.post(
+            "/predict", content=images.jpeg(), headers={"content-type": "image/jpeg"}
+        )
+    assert answer.status_code == 200
+    assert overlapped == [True]
 
 
 def test_a_read_only_cache_still_starts(

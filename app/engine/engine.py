@@ -20,7 +20,7 @@ from app.engine.loading import LoadedModel
 from app.engine.observer import BatchReport, EngineObserver
 from app.engine.slot import BatchSlot
 from app.engine.streams import Mark, streams_for
-from app.engine.warmup import warmup_images
+from app.engine.warmup import WARMUP_IMAGES, warmup_images
 from preprocessing import Buffer, ImageLimits, PreparedImage, prepare
 from preprocessing.staging import PinnedStaging
 
@@ -279,8 +279,8 @@ class InferenceEngine:
         """
         sizes = tuple(sorted(set(batch_sizes or self.buckets)))
         self.backend.prepare(self.buckets)
-        # Two sizes are enough to run decoding and resizing; batches repeat them.
-        prepared = [self.prepare(data) for data in warmup_images(2)]
+        # A few images of different sizes run decoding and resizing; batches repeat them.
+        prepared = [self.prepare(data) for data in warmup_images(WARMUP_IMAGES)]
         timings: dict[int, float] = {}
         for batch_size in sizes:
             requests = [

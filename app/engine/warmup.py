@@ -52,6 +52,10 @@ def _warmup_image(index: int) -> bytes:
     return synthetic_jpeg(index, seed=10_000)
 
 
+# How many of them a warm-up runs: two sizes are enough to run decoding and resizing.
+WARMUP_IMAGES = 2
+
+
 def warmup_images(count: int = 8) -> tuple[bytes, ...]:
     """The start-up check's images (made once per process, each when first needed: making one
     takes tens of milliseconds, and a warm-up needs only a couple)."""

@@ -18,6 +18,7 @@ import time
 from typing import Any
 
 from app.engine import InferenceEngine, InferenceRequest, Prediction, build_engine
+from app.engine.warmup import WARMUP_IMAGES, warmup_images
 from app.metrics import VersionMetrics
 from app.settings import Settings
 from app.startup import Phases
@@ -72,10 +73,18 @@ class ModelVersion:
         config = settings.batch_config(_device_type(settings))
         phases = self.phases
         try:
-            engine = await asyncio.to_thread(
+            build = asyncio.to_thread(
                 build_engine, settings, config, self.metrics, device_lock=device_lock,
                 phases=phases,
             )  # fmt: skip
+            if settings.backend == "torch":
+                engine = await build
+            else:
+                # The warm-up's images are made on the other core while the runtime compiles,
+                # which it does with the GIL released (loading TorchScript holds it).
+                engine, _ = await asyncio.gather(
+                    build, asyncio.to_thread(warmup_images, WARMUP_IMAGES)
+                )
             first, later = warmup_sizes(settings.warmup, engine)
             with phases.phase("warmup"):
                 warmup = await asyncio.to_thread(engine.warmup, first)
