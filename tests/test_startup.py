@@ -116,19 +116,19 @@ async def test_a_runtime_backend_makes_the_warm_up_images_while_it_compiles(
 ) -> None:
     # ONNX Runtime and OpenVINO compile with the GIL released: the warm-up's images are made
     # on the other core meanwhile, not after the build.
+    from app.engine import warmup as warmup_module
     from app.serving import version as version_module
 
     asked = threading.Event()
     overlapped: list[bool] = []
-    build_engine, warmup_images = version_module.build_engine, version_module.warmup_images
 
     def build(*args: Any, **kwargs: Any) -> Any:
         overlapped.append(asked.wait(10))
-        return build_engine(*args, **kwargs)
+        return build_engine(*args, **kwargs)  # the real one, from app.engine
 
     def made(count: int = 8) -> tuple[bytes, ...]:
         asked.set()
-        return warmup_images(count)
+        return warmup_module.warmup_images(count)
 
     monkeypatch.setattr(version_module, "build_engine", build)
     monkeypatch.setattr(version_module, "warmup_images", made)
