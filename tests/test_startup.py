@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import asyncio
 import errno
+import hashlib
 import threading
 import time
 from pathlib import Path
@@ -139,6 +140,42 @@ async def test_a_runtime_backend_makes_the_warm_up_images_while_it_compiles(
         )
     assert answer.status_code == 200
     assert overlapped == [True]
+
+
+def test_an_artefact_hashed_ahead_is_not_hashed_again(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # The start-up check's binding takes the hash begun while the runtime compiled.
+    from app.engine import int8_report
+    from app.engine.artifacts import file_sha256
+
+    model = tmp_path / "model.xml"
+    model.write_bytes(b"<net/>" * 1000)
+    model.with_suffix(".bin").write_bytes(bytes(range(256)) * 4000)
+    expected = int8_report.artifact_digest(model)
+    hashed: list[tuple[Path, ...]] = []
+
+    def counted(*paths: Path) -> str:
+        hashed.append(paths)
+        return file_sha256(*paths)
+
+    monkeypatch.setattr(int8_report, "file_sha256", counted)
+    int8_report.digest_ahead(model)
+    assert int8_report.artifact_digest(model) == expected
+    assert hashed == [(model, model.with_suffix(".bin"))]
+
+
+def test_an_artefact_written_again_after_its_hash_began_is_hashed_again(tmp_path: Path) -> None:
+    from app.engine import int8_report
+
+    model = tmp_path / "model.onnx"
+    model.write_bytes(b"first export")
+    int8_report.digest_ahead(model)
+    for thread in threading.enumerate():  # the first bytes hashed
+        if thread.name == "artefact-digest":
+            thread.join()
+    model.write_bytes(b"another export, longer")
+    assert int8_report.artifact_digest(model) == hashlib.sha256(model.read_bytes()).hexdigest()
 
 
 def test_a_read_only_cache_still_starts(

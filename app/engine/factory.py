@@ -447,6 +447,9 @@ def runtime_backend(
             path = ensure_onnx(root, loaded)
         else:  # one IR for every precision: OpenVINO converts when it compiles
             path = ensure_openvino(root, loaded, "fp32")
+    from app.engine.int8_report import digest_ahead
+
+    digest_ahead(path)  # for the start-up check's binding, while the runtime compiles
 
     def build(precision: str) -> Backend:
         if settings.backend == "onnxruntime":

@@ -12,6 +12,8 @@ held-out images stored beside the artefact before the model may serve.
 
 from __future__ import annotations
 
+import threading
+from concurrent.futures import Future
 from pathlib import Path
 from typing import Any
 
@@ -25,9 +27,52 @@ GATE_IMAGES = "gate"  # the folder of held-out images beside an INT8 artefact
 
 
 def artifact_digest(path: Path) -> str:
-    """sha256 of the model file (and of an OpenVINO IR's weights file beside it)."""
+    """sha256 of the model file (and of an OpenVINO IR's weights file beside it): the one
+    ``digest_ahead`` began, if the files are as they were when it began."""
+    with _ahead_lock:
+        ahead = _ahead.pop(path, None)
+    if ahead is not None:
+        stamp, future = ahead
+        # Failed (it is hashed again below, where the error is raised), or written since.
+        if future.exception() is None and stamp == _stamp(path):
+            return future.result()
+    return _digest(path)
+
+
+def digest_ahead(path: Path) -> None:
+    """Begin hashing the artefact at ``path`` in a thread of its own, for the next
+    ``artifact_digest(path)``. hashlib releases the GIL, and so does a runtime while it
+    compiles: on a CPU the two run on different cores."""
+    stamp = _stamp(path)
+    future: Future[str] = Future()
+
+    def run() -> None:
+        try:
+            future.set_result(_digest(path))
+        except BaseException as exc:
+            future.set_exception(exc)
+
+    with _ahead_lock:
+        _ahead[path] = (stamp, future)
+    threading.Thread(target=run, name="artefact-digest", daemon=True).start()
+
+
+_ahead: dict[Path, tuple[tuple[tuple[int, int], ...], Future[str]]] = {}
+_ahead_lock = threading.Lock()
+
+
+def _files(path: Path) -> list[Path]:
     weights = path.with_suffix(".bin")
-    return file_sha256(path, *([weights] if weights != path and weights.is_file() else []))
+    return [path, *([weights] if weights != path and weights.is_file() else [])]
+
+
+def _digest(path: Path) -> str:
+    return file_sha256(*_files(path))
+
+
+def _stamp(path: Path) -> tuple[tuple[int, int], ...]:
+    """Sizes and modification times: a file written again since has another."""
+    return tuple((stat.st_size, stat.st_mtime_ns) for stat in map(Path.stat, _files(path)))
 
 
 def preprocessing(loaded: LoadedModel) -> dict[str, Any]:
