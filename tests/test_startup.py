@@ -14,8 +14,8 @@ from typing import Any
 import pytest
 
 from app.engine import build_engine
-from app.engine import factory as factory_module
-from app.engine.factory import CHECK_RECORD
+from app.engine import startup_check as check_module
+from app.engine.startup_check import CHECK_RECORD
 from app.startup import MODEL_PHASES, Phases, process_age_s
 from benchmarks.promtext import parse, value
 from tests import images
@@ -95,7 +95,7 @@ def test_a_runtime_artefact_checked_before_is_not_checked_again(
     def never(*args: Any, **kwargs: Any) -> Any:
         raise AssertionError("checked again")
 
-    monkeypatch.setattr(factory_module, "startup_check", never)
+    monkeypatch.setattr(check_module, "startup_check", never)
     again = build_engine(settings, settings.batch_config("cpu"))
     assert again.check is not None
     assert again.check["reused"]

@@ -3,8 +3,6 @@
 from __future__ import annotations
 
 import copy
-import dataclasses
-import json
 import logging
 import threading
 import time
@@ -20,9 +18,6 @@ from app.engine.artifacts import (
     ArtifactKey,
     building,
     find,
-    keep_json,
-    read_json,
-    weights_digest,
 )
 from app.engine.backends import Backend, TorchBackend
 from app.engine.cards import load_described
@@ -46,11 +41,10 @@ from app.engine.export import (
     onnx_exporter,
     openvino_exporter,
 )
-from app.engine.gate import CHECK_BOUNDS, compare, eager_reference, judged, probabilities
-from app.engine.loading import LoadedModel, load_model
+from app.engine.loading import LoadedModel, load_model, loaded_digest
 from app.engine.observer import EngineObserver
 from app.engine.precision import fastest
-from app.engine.warmup import warmup_images
+from app.engine.startup_check import checked_against_eager, engine_check, is_checked
 from app.settings import Settings
 from app.startup import Phases
 from batching import BatchConfig
@@ -145,20 +139,6 @@ def build_engine(
     return engine
 
 
-def is_checked(backend: Backend) -> bool:
-    """Whether a backend is checked against eager PyTorch in fp32 at start-up."""
-    return checked_against_eager(backend.name, backend.precision, backend.device)
-
-
-def checked_against_eager(name: str, precision: str, device: torch.device) -> bool:
-    """A runtime always is; PyTorch itself on a CPU in a precision below fp32 (bf16 moved
-    efficientnet-lite0's probabilities by up to 0.070 on the 20 test photos,
-    ``benchmarks/results/accuracy-efficientnet-lite0-torchscript-bf16.md``)."""
-    if name != "torch":
-        return True
-    return precision != "fp32" and device.type == "cpu"
-
-
 def torch_threads_in_batches(backend: Backend, settings: Settings) -> int:
     """How many threads torch uses in a batch: every one the forward pass may use where torch
     runs it (or a GPU does), one where a runtime on the CPU does.
@@ -173,67 +153,6 @@ def torch_threads_in_batches(backend: Backend, settings: Settings) -> int:
     if backend.name == "torch" or backend.device.type != "cpu":
         return settings.intra_op_threads
     return 1
-
-
-def engine_check(
-    engine: InferenceEngine, loaded: LoadedModel, device: torch.device, phases: Phases
-) -> dict[str, Any]:
-    """The start-up check of an engine: the verdict kept beside its artefact, or run now (and
-    kept when it passes, if an artefact serves). Raises ``CheckFailedError`` when it fails,
-    unless the engine serves an INT8 model that failed its gate (``ALLOW_UNGATED_INT8``):
-    then the failure is only reported."""
-    gate = engine.backend.int8_gate
-    ungated = gate is not None and not gate["passed"]
-    artifact: Path | None = getattr(engine.backend, "path", None)
-    with phases.phase("check"):
-        record = artifact.parent / CHECK_RECORD if artifact is not None else None
-        bound_to = json_ready(check_binding(engine, loaded, device)) if record else None
-        report = kept_check(record, bound_to) if record is not None else None
-        if report is None:
-            # No backend converts the loaded module in place (a precision below fp32 has its
-            # own copy): it is still the eager fp32 model the check compares with.
-            reference = copy.deepcopy(loaded.module).eval().float()
-            report = startup_check(engine, loaded, reference, enforce=not ungated)
-            if report["passed"] and record is not None:
-                keep_json(record, {"bound_to": bound_to, "report": report})
-    return report
-
-
-CHECK_RECORD = "startup-check.json"  # beside the artefact that serves
-
-
-def check_binding(engine: InferenceEngine, loaded: LoadedModel, device: torch.device) -> Any:
-    """What a start-up check's verdict holds for: this artefact (its sha256), these weights and
-    preprocessing, this runtime version and CPU INT8 class, this precision and device, these
-    bounds."""
-    from app.engine.int8_report import binding
-
-    path = Path(engine.backend.path)  # type: ignore[attr-defined]
-    bound = {
-        **binding(loaded, loaded_digest(loaded), path, engine.backend.name),
-        "precision": engine.precision, "device": device.type,
-        "bounds": dataclasses.asdict(CHECK_BOUNDS[engine.precision]),
-    }  # fmt: skip
-    if engine.precision == "bf16":  # native kernels and their emulation round differently
-        bound["native_bf16"] = cpu_supports_bf16()
-    return bound
-
-
-def kept_check(record: Path, bound_to: Any) -> dict[str, Any] | None:
-    """The verdict of an earlier start-up check of this very artefact here (``record`` holds
-    it, bound to what ``check_binding`` says), if there is one: a later start serves without
-    running eager PyTorch beside it again."""
-    kept = read_json(record)
-    if kept is None or kept.get("bound_to") != bound_to:
-        return None
-    logger.info("the start-up check of this artefact passed before (%s)", record)
-    report: dict[str, Any] = {**kept["report"], "reused": True}
-    return report
-
-
-def json_ready(value: Any) -> Any:
-    """``value`` as it reads back from JSON (tuples become lists)."""
-    return json.loads(json.dumps(value))
 
 
 def _spent_elsewhere(phases: Phases) -> float:
@@ -340,12 +259,6 @@ def runtime_precisions(settings: Settings, device: torch.device) -> tuple[str, .
 def artifact_key(loaded: LoadedModel, precision: str, exporter: str) -> ArtifactKey:
     return ArtifactKey(loaded.name, loaded_digest(loaded), loaded.transform.crop_size,
                        precision, exporter)  # fmt: skip
-
-
-def loaded_digest(loaded: LoadedModel) -> str:
-    if loaded.digest is None:
-        loaded.digest = weights_digest(loaded.module)
-    return loaded.digest
 
 
 def ensure_onnx(root: Path, loaded: LoadedModel) -> Path:
@@ -476,48 +389,3 @@ def runtime_backend(
     backend.measured_rates = rates or None
     backend.int8_gate = gate
     return backend
-
-
-# -- the start-up check -------------------------------------------------------------------
-
-
-def startup_check(
-    engine: InferenceEngine,
-    loaded: LoadedModel,
-    reference_module: torch.nn.Module,
-    *,
-    enforce: bool = True,
-) -> dict[str, Any]:
-    """Compare the engine with eager fp32 PyTorch on the warm-up images; raise outside the
-    tolerance of the engine's precision (no fallback: the operator asked for this backend).
-    Not ``enforce``d for an INT8 model served without a passing gate (``ALLOW_UNGATED_INT8``):
-    its answers were accepted as they are, so a failure is only logged."""
-    reference_engine = eager_reference(loaded, reference_module)
-    images = list(warmup_images())
-    report = judged(
-        compare(probabilities(reference_engine, images), probabilities(engine, images)),
-        CHECK_BOUNDS[engine.precision],
-    )
-    report["against"] = "eager PyTorch fp32 on the warm-up images"
-    if not report["passed"] and not enforce:
-        logger.critical(
-            "%s (%s) disagrees with eager PyTorch (%s): served anyway, ungated",
-            engine.backend.name, engine.precision, "; ".join(report["failures"]),
-        )  # fmt: skip
-        return report
-    if not report["passed"]:
-        if engine.precision in ("bf16", "fp16"):
-            remedy = f"This model loses too much in {engine.precision}: serve it in fp32"
-        else:
-            remedy = ("The artefact may be broken: remove it to export it again "
-                      f"({getattr(engine.backend, 'path', '')})")  # fmt: skip
-        raise CheckFailedError(
-            f"{engine.backend.name} ({engine.precision}) disagrees with eager PyTorch fp32: "
-            f"{'; '.join(report['failures'])}. {remedy}"
-        )
-    logger.info(
-        "%s %s agrees with eager PyTorch: top-1 %.3f, largest probability difference %.2g",
-        engine.backend.name, engine.precision, report["top1_agreement"],
-        report["max_probability_difference"],
-    )  # fmt: skip
-    return report

@@ -16,6 +16,7 @@ from urllib.parse import urlparse
 import torch
 from torch import nn
 
+from app.engine.artifacts import weights_digest
 from preprocessing import TransformConfig
 from preprocessing.transforms import Interpolation
 
@@ -365,3 +366,10 @@ def _count_outputs(module: nn.Module, crop_size: int, name: str) -> int:
     if not isinstance(output, torch.Tensor) or output.ndim != 2 or output.shape[0] != 1:
         raise ModelLoadError(f"{name} must return logits of shape [batch, classes]")
     return int(output.shape[1])
+
+
+def loaded_digest(loaded: LoadedModel) -> str:
+    """The weights digest that names its artefacts (computed from the module once)."""
+    if loaded.digest is None:
+        loaded.digest = weights_digest(loaded.module)
+    return loaded.digest

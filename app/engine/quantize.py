@@ -35,7 +35,7 @@ from app.engine.artifacts import REPORT, building, find, read_json, write_json
 from app.engine.backends import Backend
 from app.engine.errors import StartupError
 from app.engine.export import ONNX_FILE, OPENVINO_FILE
-from app.engine.factory import ensure_onnx, ensure_openvino, input_shape, int8_key, loaded_digest
+from app.engine.factory import ensure_onnx, ensure_openvino, input_shape, int8_key
 from app.engine.gate import (
     Bounds,
     compare,
@@ -54,7 +54,7 @@ from app.engine.int8_report import (
     int8_failures,
     reasons_to_rejudge,
 )
-from app.engine.loading import LoadedModel
+from app.engine.loading import LoadedModel, loaded_digest
 from app.engine.precision import side_by_side
 from app.settings import Settings
 from preprocessing import ImageLimits, normalize_into, prepare

@@ -1,0 +1,145 @@
+"""The start-up check: an engine against eager PyTorch in fp32 on the warm-up images, within
+its precision's bounds, before it may serve. The verdict of a check that passed is kept beside
+the artefact, bound to its sha256, the weights, the preprocessing, the runtime's version, the
+CPU's INT8 class, the precision, the device and the bounds: a later start that finds it serves
+without building the eager model again.
+"""
+
+from __future__ import annotations
+
+import copy
+import dataclasses
+import json
+import logging
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from app.engine.artifacts import keep_json, read_json
+from app.engine.backends import Backend
+from app.engine.device import cpu_supports_bf16
+from app.engine.engine import InferenceEngine
+from app.engine.errors import CheckFailedError
+from app.engine.gate import CHECK_BOUNDS, compare, eager_reference, judged, probabilities
+from app.engine.loading import LoadedModel, loaded_digest
+from app.engine.warmup import warmup_images
+from app.startup import Phases
+
+logger = logging.getLogger("batchserve")
+
+CHECK_RECORD = "startup-check.json"  # beside the artefact that serves
+
+
+def is_checked(backend: Backend) -> bool:
+    """Whether a backend is checked against eager PyTorch in fp32 at start-up."""
+    return checked_against_eager(backend.name, backend.precision, backend.device)
+
+
+def checked_against_eager(name: str, precision: str, device: torch.device) -> bool:
+    """A runtime always is; PyTorch itself on a CPU in a precision below fp32 (bf16 moved
+    efficientnet-lite0's probabilities by up to 0.070 on the 20 test photos,
+    ``benchmarks/results/accuracy-efficientnet-lite0-torchscript-bf16.md``)."""
+    if name != "torch":
+        return True
+    return precision != "fp32" and device.type == "cpu"
+
+
+def engine_check(
+    engine: InferenceEngine, loaded: LoadedModel, device: torch.device, phases: Phases
+) -> dict[str, Any]:
+    """The start-up check of an engine: the verdict kept beside its artefact, or run now (and
+    kept when it passes, if an artefact serves). Raises ``CheckFailedError`` when it fails,
+    unless the engine serves an INT8 model that failed its gate (``ALLOW_UNGATED_INT8``):
+    then the failure is only reported."""
+    gate = engine.backend.int8_gate
+    ungated = gate is not None and not gate["passed"]
+    artifact: Path | None = getattr(engine.backend, "path", None)
+    with phases.phase("check"):
+        record = artifact.parent / CHECK_RECORD if artifact is not None else None
+        bound_to = json_ready(check_binding(engine, loaded, device)) if record else None
+        report = kept_check(record, bound_to) if record is not None else None
+        if report is None:
+            # No backend converts the loaded module in place (a precision below fp32 has its
+            # own copy): it is still the eager fp32 model the check compares with.
+            reference = copy.deepcopy(loaded.module).eval().float()
+            report = startup_check(engine, loaded, reference, enforce=not ungated)
+            if report["passed"] and record is not None:
+                keep_json(record, {"bound_to": bound_to, "report": report})
+    return report
+
+
+def check_binding(engine: InferenceEngine, loaded: LoadedModel, device: torch.device) -> Any:
+    """What a start-up check's verdict holds for: this artefact (its sha256), these weights and
+    preprocessing, this runtime version and CPU INT8 class, this precision and device, these
+    bounds."""
+    from app.engine.int8_report import binding
+
+    path = Path(engine.backend.path)  # type: ignore[attr-defined]
+    bound = {
+        **binding(loaded, loaded_digest(loaded), path, engine.backend.name),
+        "precision": engine.precision, "device": device.type,
+        "bounds": dataclasses.asdict(CHECK_BOUNDS[engine.precision]),
+    }  # fmt: skip
+    if engine.precision == "bf16":  # native kernels and their emulation round differently
+        bound["native_bf16"] = cpu_supports_bf16()
+    return bound
+
+
+def kept_check(record: Path, bound_to: Any) -> dict[str, Any] | None:
+    """The verdict of an earlier start-up check of this very artefact here (``record`` holds
+    it, bound to what ``check_binding`` says), if there is one: a later start serves without
+    running eager PyTorch beside it again."""
+    kept = read_json(record)
+    if kept is None or kept.get("bound_to") != bound_to:
+        return None
+    logger.info("the start-up check of this artefact passed before (%s)", record)
+    report: dict[str, Any] = {**kept["report"], "reused": True}
+    return report
+
+
+def json_ready(value: Any) -> Any:
+    """``value`` as it reads back from JSON (tuples become lists)."""
+    return json.loads(json.dumps(value))
+
+
+def startup_check(
+    engine: InferenceEngine,
+    loaded: LoadedModel,
+    reference_module: torch.nn.Module,
+    *,
+    enforce: bool = True,
+) -> dict[str, Any]:
+    """Compare the engine with eager fp32 PyTorch on the warm-up images; raise outside the
+    tolerance of the engine's precision (no fallback: the operator asked for this backend).
+    Not ``enforce``d for an INT8 model served without a passing gate (``ALLOW_UNGATED_INT8``):
+    its answers were accepted as they are, so a failure is only logged."""
+    reference_engine = eager_reference(loaded, reference_module)
+    images = list(warmup_images())
+    report = judged(
+        compare(probabilities(reference_engine, images), probabilities(engine, images)),
+        CHECK_BOUNDS[engine.precision],
+    )
+    report["against"] = "eager PyTorch fp32 on the warm-up images"
+    if not report["passed"] and not enforce:
+        logger.critical(
+            "%s (%s) disagrees with eager PyTorch (%s): served anyway, ungated",
+            engine.backend.name, engine.precision, "; ".join(report["failures"]),
+        )  # fmt: skip
+        return report
+    if not report["passed"]:
+        if engine.precision in ("bf16", "fp16"):
+            remedy = f"This model loses too much in {engine.precision}: serve it in fp32"
+        else:
+            remedy = ("The artefact may be broken: remove it to export it again "
+                      f"({getattr(engine.backend, 'path', '')})")  # fmt: skip
+        raise CheckFailedError(
+            f"{engine.backend.name} ({engine.precision}) disagrees with eager PyTorch fp32: "
+            f"{'; '.join(report['failures'])}. {remedy}"
+        )
+    logger.info(
+        "%s %s agrees with eager PyTorch: top-1 %.3f, largest probability difference %.2g",
+        engine.backend.name, engine.precision, report["top1_agreement"],
+        report["max_probability_difference"],
+    )  # fmt: skip
+    return report
