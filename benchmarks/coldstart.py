@@ -9,6 +9,11 @@ prediction (polled every 50 ms), so it includes the interpreter, the imports, lo
 warm-up and uvicorn's bind. The cached starts' phases come from ``/v1/models``
 (``startup_s``). Random weights everywhere (the same architecture for every server).
 
+With ``--against REVISION``, every batchserve start also runs from a worktree of that
+revision, beside this checkout's in the same rounds (in the opposite order every other round),
+each with an artefact cache of its own; the report adds, per model and backend, the median of
+each round's own ratio of this checkout's first answer to that revision's.
+
 Usage: ``python -m benchmarks.coldstart --models resnet50 resnet18 --backends torch openvino``
 """
 
@@ -22,11 +27,14 @@ from typing import Any
 
 import httpx
 
+from benchmarks.commits import git, round_order
 from benchmarks.common import machine, machine_markdown, median, table, write_results
 from benchmarks.compare import server_env
 from benchmarks.corpus import generate
 from benchmarks.peer_servers import peer_server
-from benchmarks.servers import ServerProcess, UvicornProcess, first_answer
+from benchmarks.servers import ROOT, ServerProcess, UvicornProcess, first_answer
+
+HERE = "this checkout"
 
 
 def first_answer_s(server: ServerProcess, image: bytes) -> float:
@@ -37,32 +45,52 @@ def first_answer_s(server: ServerProcess, image: bytes) -> float:
     return time.perf_counter() - started
 
 
-def ours(model: str, backend: str, artifacts: Path, batch_size: int) -> UvicornProcess:
+def ours(
+    model: str, backend: str, artifacts: Path, batch_size: int, root: Path = ROOT
+) -> UvicornProcess:
     env = {**server_env(model, "fp32", batch_size), "BATCHSERVE_BACKEND": backend,
            "BATCHSERVE_ARTIFACTS_DIR": str(artifacts), "BATCHSERVE_GRPC_PORT": "0"}  # fmt: skip
-    return UvicornProcess(env, startup_timeout=600)
+    return UvicornProcess(env, startup_timeout=600, root=root)
 
 
 def run(args: argparse.Namespace) -> dict[str, Any]:
+    with tempfile.TemporaryDirectory() as folder:
+        trees = {HERE: ROOT}
+        if args.against:
+            against = git("rev-parse", "--short", args.against)
+            trees[against] = Path(folder) / against
+            git("worktree", "add", "--detach", str(trees[against]), against)
+        try:
+            return measure(args, trees, Path(folder))
+        finally:
+            for label, tree in trees.items():
+                if label != HERE:
+                    git("worktree", "remove", "--force", str(tree))
+
+
+def measure(args: argparse.Namespace, trees: dict[str, Path], folder: Path) -> dict[str, Any]:
     image = generate(1)[0]
     samples: dict[str, list[float]] = {}
     phases: dict[str, list[dict[str, float]]] = {}
-    with tempfile.TemporaryDirectory() as folder:
-        cache = Path(folder) / "cached"
+    caches = {label: folder / f"cached-{index}" for index, label in enumerate(trees)}
+    for label, tree in trees.items():
         for model in args.models:
             for backend in args.backends:  # the cache a replica would find, made once
-                with ours(model, backend, cache, args.batch_size) as server:
+                with ours(model, backend, caches[label], args.batch_size, tree):
                     pass
-        for round_index in range(args.rounds):
-            print(f"round {round_index + 1}/{args.rounds}", flush=True)
-            for model in args.models:
-                for backend in args.backends:
-                    runs = [("cached", cache)]
+    for round_index in range(args.rounds):
+        print(f"round {round_index + 1}/{args.rounds}", flush=True)
+        for model in args.models:
+            for backend in args.backends:
+                for label in round_order(list(trees), round_index):
+                    at = "" if label == HERE else f" at {label}"
+                    runs = [("cached", caches[label])]
                     if args.uncached:
-                        runs.append(("uncached", Path(folder) / f"empty-{round_index}-{backend}"))
+                        empty = f"empty-{round_index}-{backend}-{list(trees).index(label)}"
+                        runs.append(("uncached", folder / empty))
                     for state, artifacts in runs:
-                        name = f"{model} batchserve {backend} {state}"
-                        server = ours(model, backend, artifacts, args.batch_size)
+                        name = f"{model} batchserve {backend} {state}{at}"
+                        server = ours(model, backend, artifacts, args.batch_size, trees[label])
                         try:
                             seconds = first_answer_s(server, image)
                             if state == "cached":
@@ -88,9 +116,25 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
         name: {key: median([row.get(key, 0.0) for row in rows]) for key in rows[0]}
         for name, rows in phases.items()
     }
+    against = next((label for label in trees if label != HERE), None)
     return {"machine": machine(), "models": args.models, "backends": args.backends,
             "rounds": args.rounds, "batch_size": args.batch_size, "medians": medians,
-            "samples": samples, "phases": phase_medians}  # fmt: skip
+            "samples": samples, "phases": phase_medians, "against": against,
+            "vs_against": paired_ratios(samples, against) if against else {}}  # fmt: skip
+
+
+def paired_ratios(samples: dict[str, list[float]], against: str) -> dict[str, float]:
+    """Per server run at ``against`` too: the median of each round's own ratio of this
+    checkout's first answer to that revision's."""
+    suffix = f" at {against}"
+    ratios = {}
+    for name, values in samples.items():
+        if name.endswith(suffix):
+            mine = samples[name.removesuffix(suffix)]
+            ratios[name.removesuffix(suffix)] = median(
+                [ours / theirs for ours, theirs in zip(mine, values, strict=True)]
+            )
+    return ratios
 
 
 def markdown(data: dict[str, Any]) -> str:
@@ -103,6 +147,9 @@ def markdown(data: dict[str, Any]) -> str:
             cached = data["medians"].get(f"{model} batchserve {backend} cached")
             if peer and cached:
                 ratios.append([f"{model} {backend} cached vs LitServe", cached / peer])
+    if data.get("against"):
+        ratios += [[f"{name}: this checkout vs {data['against']} (per round)", value]
+                   for name, value in data["vs_against"].items()]  # fmt: skip
     phase_names = sorted({key for row in data["phases"].values() for key in row})
     phase_rows = [[name, *(row.get(key, 0.0) for key in phase_names)]
                   for name, row in data["phases"].items()]  # fmt: skip
@@ -138,6 +185,7 @@ def main() -> None:
     parser.add_argument("--batch-size", type=int, default=8)
     parser.add_argument("--uncached", action=argparse.BooleanOptionalAction, default=True)
     parser.add_argument("--litserve", action=argparse.BooleanOptionalAction, default=True)
+    parser.add_argument("--against", help="a revision to start beside this checkout")
     parser.add_argument("--name", default="coldstart")
     args = parser.parse_args()
     data = run(args)

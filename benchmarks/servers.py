@@ -37,9 +37,11 @@ class ServerProcess:
         env: dict[str, str] | None = None,
         startup_timeout: float = 120.0,
         ready_path: str = "/readyz",
+        root: Path = ROOT,
     ) -> None:
         self.command = command
         self.url = url
+        self.root = root  # the working directory: a checkout of the project
         self._env = env
         self._startup_timeout = startup_timeout
         self._ready_path = ready_path
@@ -54,7 +56,7 @@ class ServerProcess:
     def start(self) -> Self:
         """Spawn the process without waiting (start several, then wait for each)."""
         self.process = subprocess.Popen(
-            self.command, cwd=ROOT, env=self._env, stdout=self._log, stderr=subprocess.STDOUT,
+            self.command, cwd=self.root, env=self._env, stdout=self._log, stderr=subprocess.STDOUT,
             start_new_session=True,
         )  # fmt: skip
         return self
@@ -103,7 +105,8 @@ class ServerProcess:
 
 
 class UvicornProcess(ServerProcess):
-    """``python -m uvicorn <app>`` with ``BATCHSERVE_*`` settings from ``env``.
+    """``python -m uvicorn <app>`` with ``BATCHSERVE_*`` settings from ``env``, from the checkout
+    at ``root`` (this one by default).
 
     Ready when ``ready_path`` answers 200.
     """
@@ -114,6 +117,7 @@ class UvicornProcess(ServerProcess):
         startup_timeout: float = 120.0,
         app: str = "app.main:app",
         ready_path: str = "/readyz",
+        root: Path = ROOT,
     ) -> None:
         self.port = free_port()
         # gRPC on a port of its own too (``env`` may say otherwise, 0 to turn it off).
@@ -123,7 +127,7 @@ class UvicornProcess(ServerProcess):
         # measure every runtime at each fresh start (and export what the tests' models cannot
         # run, like a sleep).
         full_env = {
-            "BATCHSERVE_BACKEND": "torch", **os.environ, "PYTHONPATH": str(ROOT),
+            "BATCHSERVE_BACKEND": "torch", **os.environ, "PYTHONPATH": str(root),
             "BATCHSERVE_GRPC_PORT": str(self.grpc_port), **env,
         }  # fmt: skip
         command = [
@@ -131,7 +135,7 @@ class UvicornProcess(ServerProcess):
             "--host", "127.0.0.1", "--port", str(self.port), "--no-access-log",
         ]  # fmt: skip
         super().__init__(command, f"http://127.0.0.1:{self.port}", full_env, startup_timeout,
-                         ready_path)  # fmt: skip
+                         ready_path, root)  # fmt: skip
 
 
 def first_answer(server: ServerProcess, image: bytes, timeout_s: float = 120.0) -> None:

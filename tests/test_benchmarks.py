@@ -289,3 +289,15 @@ def test_handoff_measures_both_ways_in_alternating_rounds() -> None:
     text = handoff.markdown({"machine": {}, "jobs": 200, "clients": 8, "rounds": 2,
                              "samples": samples})  # fmt: skip
     assert "| `loop.run_in_executor` (a `ThreadPoolExecutor`) |" in text
+
+
+def test_a_cold_start_beside_another_revision_is_judged_round_by_round() -> None:
+    from benchmarks.coldstart import paired_ratios
+
+    samples = {
+        "resnet18 batchserve openvino cached": [2.0, 1.0],
+        "resnet18 batchserve openvino cached at abc1234": [4.0, 1.0],
+        "resnet18 litserve": [6.0, 6.0],
+    }
+    # Each round's own ratio (0.5, then 1.0), not the ratio of the medians (1.5 / 2.5).
+    assert paired_ratios(samples, "abc1234") == {"resnet18 batchserve openvino cached": 0.75}
