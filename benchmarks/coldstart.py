@@ -151,13 +151,14 @@ def markdown(data: dict[str, Any]) -> str:
         ratios += [[f"{name}: this checkout vs {data['against']} (per round)", value]
                    for name, value in data["vs_against"].items()]  # fmt: skip
     phase_names = sorted({key for row in data["phases"].values() for key in row})
+    against = f" --against {data['against']}" if data.get("against") else ""
     phase_rows = [[name, *(row.get(key, 0.0) for key in phase_names)]
                   for name, row in data["phases"].items()]  # fmt: skip
     return f"""# Cold start: process spawn to first answer
 
 `python -m benchmarks.coldstart --models {" ".join(data["models"])} --backends \\
-{" ".join(data["backends"])} --rounds {data["rounds"]}`. Medians of {data["rounds"]} rounds; the
-clock runs from spawning the process to the first 200 answer to a prediction (batch size
+{" ".join(data["backends"])} --rounds {data["rounds"]}{against}`. Medians of {data["rounds"]}
+rounds; the clock runs from spawning the process to the first 200 answer to a prediction (batch size
 {data["batch_size"]}, random weights, gRPC off). `cached`: artefacts made by an earlier start
 (a shared cache); `uncached`: an empty artefact folder.
 
