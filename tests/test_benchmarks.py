@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import contextlib
 import json
+import time
 from collections.abc import AsyncIterator
 from pathlib import Path
 from typing import Any
@@ -16,6 +17,7 @@ from benchmarks import accuracy, commits, gpu_check, handoff, offline, sweep
 from benchmarks.corpus import generate, load
 from benchmarks.loadgen import LoadSpec, run
 from benchmarks.promtext import ServerDelta, parse
+from preprocessing import read_header
 from tests import images
 from tests.conftest import COLOR_MODEL, make_settings, serve
 
@@ -249,6 +251,24 @@ def test_the_resize_benchmarks_alternatives_make_the_served_image() -> None:
         assert (resized.float() - served.float()).abs().mean() < 4, name
 
 
+def test_the_decode_benchmarks_ways_scale_as_they_say() -> None:
+    from benchmarks import decode
+
+    sizes = {}
+    for width, height in ((640, 480), (1024, 768), (4032, 3024)):
+        (data,) = decode.jpegs(width, height, 1)
+        header = read_header(data)
+        sizes[width] = {way: tuple(way_of(data, header).shape[1:])
+                        for way, way_of in decode.WAYS.items()}  # fmt: skip
+    # Below four times the target the server decodes whole; from twice it the cheaper way
+    # scales down to the target (never below it), and the fast IDCT scales as served.
+    assert sizes[640] == dict.fromkeys(decode.WAYS, (480, 640))
+    assert sizes[1024] == {"whole": (768, 1024), "served": (768, 1024),
+                           "from twice": (384, 512), "fast IDCT": (768, 1024)}  # fmt: skip
+    assert sizes[4032] == {"whole": (3024, 4032), "served": (756, 1008),
+                           "from twice": (378, 504), "fast IDCT": (756, 1008)}  # fmt: skip
+
+
 def test_commits_compares_each_round_with_the_first_commits_same_round() -> None:
     def sample(served: float, pipelined: float) -> dict[str, float]:
         return {"forward": 2 * pipelined, "pipelined": pipelined, "served": served,
@@ -301,3 +321,4 @@ def test_a_cold_start_beside_another_revision_is_judged_round_by_round() -> None
     }
     # Each round's own ratio (0.5, then 1.0), not the ratio of the medians (1.5 / 2.5).
     assert paired_ratios(samples, "abc1234") == {"resnet18 batchserve openvino cached": 0.75}
+
