@@ -51,12 +51,16 @@ DEFAULT_CONFIGS = [
 _OWN = {"MODEL", "PRECISION", "MAX_BATCH_SIZE", "WEIGHTS", "LOG_LEVEL"}
 
 
+def engine_settings(settings: dict[str, str]) -> dict[str, str]:
+    """``BATCHSERVE_*`` settings as ``make_engine`` takes them (``name: value``), less the model,
+    precision, batch size, weights and log level, which are arguments of their own."""
+    return {key.removeprefix("BATCHSERVE_").lower(): value for key, value in settings.items()
+            if key.removeprefix("BATCHSERVE_") not in _OWN}  # fmt: skip
+
+
 def set_arguments(settings: dict[str, str]) -> list[str]:
-    """``--set name=value ...`` for the settings an offline measurement takes that way (the
-    model, precision, batch size, weights and log level are arguments of their own)."""
-    return ["--set", *(f"{key.removeprefix('BATCHSERVE_').lower()}={value}"
-                       for key, value in settings.items()
-                       if key.removeprefix("BATCHSERVE_") not in _OWN)]  # fmt: skip
+    """``--set name=value ...`` for the settings an offline measurement takes that way."""
+    return ["--set", *(f"{key}={value}" for key, value in engine_settings(settings).items())]
 
 
 def offline(

@@ -104,6 +104,13 @@ def pipelined(
     engine: InferenceEngine, images: Sequence[bytes], batch_size: int, seconds: float,
     pool: ThreadPoolExecutor,
 ) -> float:  # fmt: skip
+    return _rate(pipeline(engine, images, batch_size, pool), seconds)
+
+
+def pipeline(
+    engine: InferenceEngine, images: Sequence[bytes], batch_size: int, pool: ThreadPoolExecutor
+) -> Callable[[], int]:
+    """One batch per call (returns its images), the next batch decoded while it runs."""
     feed = iter(range(1 << 62))
     pending: deque[Future[PreparedImage]] = deque(
         pool.submit(engine.prepare, images[next(feed) % len(images)]) for _ in range(batch_size)
@@ -116,7 +123,7 @@ def pipelined(
         _check(engine.run_batch([InferenceRequest(image, 5) for image in prepared]))
         return batch_size
 
-    return _rate(work, seconds)
+    return work
 
 
 def _check(results: Sequence[object]) -> None:

@@ -7,12 +7,14 @@ client. Same report shape as ``benchmarks.loadgen``.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import resource
 import shutil
 import subprocess
 import tempfile
 import time
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -67,13 +69,13 @@ def available() -> bool:
     return shutil.which("wrk") is not None
 
 
-def run(url: str, images: list[bytes], concurrency: int, warmup_s: float, duration_s: float,
-        timeout_s: float = 60.0, target: str = "/predict", multipart: bool = False,
-        ) -> dict[str, Any]:  # fmt: skip
-    """Warm up, then measure ``duration_s`` with ``concurrency`` connections posting to
-    ``target`` (e.g. ``/predict?model=resnet18``): each image as the raw ``image/jpeg`` body,
-    or with ``multipart`` as the form field ``file`` (what servers without a raw-body route,
-    such as LitServe's, read)."""
+@contextlib.contextmanager
+def command_for(url: str, images: list[bytes], concurrency: int, timeout_s: float = 60.0,
+                target: str = "/predict", multipart: bool = False,
+                ) -> Iterator[Callable[[float], list[str]]]:  # fmt: skip
+    """While open, ``command(seconds)`` is the wrk command line of a load of ``seconds`` with
+    ``concurrency`` connections posting to ``target``, each image as the raw ``image/jpeg``
+    body or, with ``multipart``, as the form field ``file``; it prints a ``RESULT`` line."""
     with tempfile.TemporaryDirectory() as folder:
         root = Path(folder)
         content_type = f"multipart/form-data; boundary={_BOUNDARY}" if multipart else "image/jpeg"
@@ -85,12 +87,27 @@ def run(url: str, images: list[bytes], concurrency: int, warmup_s: float, durati
             path.write_bytes(form_body(data) if multipart else data)
             paths.append(str(path))
 
-        def wrk(seconds: float) -> dict[str, Any]:
-            command = [
+        def command(seconds: float) -> list[str]:
+            return [
                 "wrk", "-t1", f"-c{concurrency}", f"-d{max(1, round(seconds))}s",
                 f"--timeout={round(timeout_s)}s", "-s", str(root / "load.lua"), url, "--", *paths,
             ]  # fmt: skip
-            output = subprocess.run(command, capture_output=True, text=True, check=True).stdout
+
+        yield command
+
+
+def run(url: str, images: list[bytes], concurrency: int, warmup_s: float, duration_s: float,
+        timeout_s: float = 60.0, target: str = "/predict", multipart: bool = False,
+        ) -> dict[str, Any]:  # fmt: skip
+    """Warm up, then measure ``duration_s`` with ``concurrency`` connections posting to
+    ``target`` (e.g. ``/predict?model=resnet18``): each image as the raw ``image/jpeg`` body,
+    or with ``multipart`` as the form field ``file`` (what servers without a raw-body route,
+    such as LitServe's, read)."""
+    with command_for(url, images, concurrency, timeout_s, target, multipart) as command:
+
+        def wrk(seconds: float) -> dict[str, Any]:
+            output = subprocess.run(command(seconds), capture_output=True, text=True,
+                                    check=True).stdout  # fmt: skip
             line = next(row for row in output.splitlines() if row.startswith("RESULT "))
             result: dict[str, Any] = json.loads(line.removeprefix("RESULT "))
             return result

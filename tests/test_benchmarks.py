@@ -322,3 +322,18 @@ def test_a_cold_start_beside_another_revision_is_judged_round_by_round() -> None
     # Each round's own ratio (0.5, then 1.0), not the ratio of the medians (1.5 / 2.5).
     assert paired_ratios(samples, "abc1234") == {"resnet18 batchserve openvino cached": 0.75}
 
+
+@pytest.mark.slow
+def test_the_paired_limit_counts_the_pipeline_only_while_it_runs() -> None:
+    from benchmarks.compare import server_env
+    from benchmarks.served_vs_limit import Pipeline
+
+    settings = {**server_env(COLOR_MODEL, "fp32", 4), "BATCHSERVE_BACKEND": "torch"}
+    with Pipeline(settings) as pipeline:
+        assert pipeline.images_per_second(0.3) > 0
+        # Stopped between its slices: it takes no CPU and finishes no batch.
+        assert pipeline.state() == "T"
+        finished = pipeline.done.get_obj()[0]  # without the lock, which it may hold
+        time.sleep(0.3)
+        assert pipeline.done.get_obj()[0] == finished
+        assert pipeline.images_per_second(0.3) > 0
