@@ -51,6 +51,12 @@ def answered(url: str) -> float:
     return value(wrk.scrape(url), "batchserve_requests_total", outcome="ok")
 
 
+def settings_of(pairs: list[str]) -> dict[str, str]:
+    """``name=value`` settings as ``BATCHSERVE_NAME`` environment variables."""
+    return {f"BATCHSERVE_{key.upper()}": value
+            for key, value in (item.split("=", 1) for item in pairs)}  # fmt: skip
+
+
 def ratio(pair: dict[str, float]) -> float:
     return pair["served"] / pair["limit"]
 
@@ -178,9 +184,8 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
     settings = {
         **server_env(args.model, args.precision, args.batch_size),
         "BATCHSERVE_BACKEND": "torch",  # as the server process has it unless --set names one
-        **{f"BATCHSERVE_{key.upper()}": setting
-           for key, setting in (item.split("=", 1) for item in args.set)},
-    }  # fmt: skip
+        **settings_of(args.set),
+    }
     rounds = []
     for index in range(args.rounds):
         print(f"round {index + 1}/{args.rounds}", flush=True)

@@ -337,3 +337,18 @@ def test_the_paired_limit_counts_the_pipeline_only_while_it_runs() -> None:
         time.sleep(0.3)
         assert pipeline.done.get_obj()[0] == finished
         assert pipeline.images_per_second(0.3) > 0
+
+
+def test_two_configurations_are_judged_pair_by_pair() -> None:
+    from benchmarks import served_ab
+
+    pairs = [{"a": 100.0, "b": 110.0}, {"a": 50.0, "b": 40.0}, {"a": 200.0, "b": 210.0}]
+    # Each pair's own ratio (1.1, 0.8, 1.05), not the ratio of the totals (360 / 350).
+    assert served_ab.summary(pairs) == {"median_ratio": 1.05, "min_ratio": 0.8,
+                                        "max_ratio": 1.1, "b_won": 2}  # fmt: skip
+    text = served_ab.markdown({"machine": {}, "model": "m", "precision": "fp32",
+                               "batch_size": 8, "clients": 64, "set": [], "b": ["x=1"],
+                               "b_env": [], "seconds": 3.0, "pairs": pairs,
+                               "summary": served_ab.summary(pairs)})  # fmt: skip
+    assert "B / A: **1.050**" in text
+    assert "B faster in 2 of\n3" in text
