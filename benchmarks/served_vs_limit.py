@@ -135,10 +135,14 @@ class Pipeline:
 
 @contextmanager
 def load(command: list[str]) -> Iterator[None]:
-    """wrk running ``command`` for as long as the block lasts (then waited for)."""
+    """wrk running ``command`` for as long as the block lasts (then waited for; stopped at once
+    when the block fails, rather than waited for to the end of its seconds)."""
     process = subprocess.Popen(command, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     try:
         yield
+    except BaseException:
+        process.kill()
+        raise
     finally:
         process.wait(timeout=60)
 
