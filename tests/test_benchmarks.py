@@ -352,3 +352,12 @@ def test_two_configurations_are_judged_pair_by_pair() -> None:
                                "summary": served_ab.summary(pairs)})  # fmt: skip
     assert "B / A: **1.050**" in text
     assert "B faster in 2 of\n3" in text
+
+
+def test_a_slice_that_fails_stops_its_load_at_once() -> None:
+    from benchmarks.served_vs_limit import load
+
+    started = time.monotonic()
+    with pytest.raises(RuntimeError), load(["sleep", "30"]):
+        raise RuntimeError("the scrape failed")
+    assert time.monotonic() - started < 10  # not left to run its 30 s
