@@ -1,11 +1,12 @@
 """Two configurations of the server side by side, in alternating slices seconds apart.
 
 For a change of a few per cent, fresh processes one after the other cannot tell it from the
-machine's drift. Here both servers (A: ``--set``; B: the same with ``--b`` settings and
-``--b-env`` environment variables) stay up, and wrk loads one at a time (an idle server takes
-no CPU): A then B, then B then A, ... in slices counted in their middle from each server's own
-metrics (``benchmarks.served_vs_limit``'s counting). Each pair gives its own ratio B / A; the
-report is their median, range, and how many pairs B won.
+machine's drift. Here both servers (A: ``--set``; B: the same with ``--b`` settings,
+``--b-env`` environment variables and, with ``--b-access-log``, uvicorn's access log on) stay
+up, and wrk loads one at a time (an idle server takes no CPU): A then B, then B then A, ... in
+slices counted in their middle from each server's own metrics (``benchmarks.served_vs_limit``'s
+counting). Each pair gives its own ratio B / A; the report is their median, range, and how many
+pairs B won.
 
 Usage: ``python -m benchmarks.served_ab --model resnet18 --set backend=openvino
 --b max_inflight_batches=1``
@@ -40,7 +41,7 @@ def measure(args: argparse.Namespace) -> list[dict[str, float]]:
     pairs = []
     with (
         UvicornProcess(a_env, startup_timeout=600) as a,
-        UvicornProcess(b_env, startup_timeout=600) as b,
+        UvicornProcess(b_env, startup_timeout=600, access_log=args.b_access_log) as b,
         wrk.command_for(a.url, images, args.clients) as load_a,
         wrk.command_for(b.url, images, args.clients) as load_b,
     ):
@@ -63,10 +64,13 @@ def markdown(data: dict[str, Any]) -> str:
             for index, pair in enumerate(data["pairs"])]  # fmt: skip
     result = data["summary"]
     a = " ".join(data["set"]) or "defaults"
-    b = " ".join([*data["b"], *data["b_env"]])
+    access_log = data.get("b_access_log", False)
+    logged = ["uvicorn's access log on"] if access_log else []
+    b = " ".join([*data["b"], *data["b_env"], *logged])
     options = "".join(f" --{flag} {' '.join(data[key])}"
                       for flag, key in (("set", "set"), ("b", "b"), ("b-env", "b_env"))
                       if data[key])  # fmt: skip
+    options += " --b-access-log" if access_log else ""
     return f"""# Two server configurations side by side: {data["model"]}
 
 `python -m benchmarks.served_ab --model {data["model"]} --precision {data["precision"]}
@@ -92,6 +96,8 @@ def main() -> None:
     parser.add_argument("--set", nargs="*", default=[], help="both servers' settings")
     parser.add_argument("--b", nargs="*", default=[], help="B's settings on top")
     parser.add_argument("--b-env", nargs="*", default=[], help="B's environment, NAME=value")
+    parser.add_argument("--b-access-log", action="store_true",
+                        help="B with uvicorn's access log on, as make serve runs it")  # fmt: skip
     parser.add_argument("--clients", type=int, default=64)
     parser.add_argument("--seconds", type=float, default=3.0, help="counted per slice")
     parser.add_argument("--pairs", type=int, default=10)
@@ -100,7 +106,8 @@ def main() -> None:
     pairs = measure(args)
     data = {"machine": machine(), "model": args.model, "precision": args.precision,
             "batch_size": args.batch_size, "clients": args.clients, "set": args.set,
-            "b": args.b, "b_env": args.b_env, "seconds": args.seconds, "pairs": pairs,
+            "b": args.b, "b_env": args.b_env, "b_access_log": args.b_access_log,
+            "seconds": args.seconds, "pairs": pairs,
             "summary": summary(pairs)}  # fmt: skip
     publish(args.name, data, markdown(data))
 

@@ -108,7 +108,8 @@ class UvicornProcess(ServerProcess):
     """``python -m uvicorn <app>`` with ``BATCHSERVE_*`` settings from ``env``, from the checkout
     at ``root`` (this one by default).
 
-    Ready when ``ready_path`` answers 200.
+    Ready when ``ready_path`` answers 200. uvicorn's access log is off unless ``access_log``
+    (``make serve`` and the image leave it on).
     """
 
     def __init__(
@@ -118,6 +119,7 @@ class UvicornProcess(ServerProcess):
         app: str = "app.main:app",
         ready_path: str = "/readyz",
         root: Path = ROOT,
+        access_log: bool = False,
     ) -> None:
         self.port = free_port()
         # gRPC on a port of its own too (``env`` may say otherwise, 0 to turn it off).
@@ -132,7 +134,8 @@ class UvicornProcess(ServerProcess):
         }  # fmt: skip
         command = [
             sys.executable, "-m", "uvicorn", app,
-            "--host", "127.0.0.1", "--port", str(self.port), "--no-access-log",
+            "--host", "127.0.0.1", "--port", str(self.port),
+            *([] if access_log else ["--no-access-log"]),
         ]  # fmt: skip
         super().__init__(command, f"http://127.0.0.1:{self.port}", full_env, startup_timeout,
                          ready_path, root)  # fmt: skip

@@ -354,6 +354,23 @@ def test_two_configurations_are_judged_pair_by_pair() -> None:
     assert "B faster in 2 of\n3" in text
 
 
+def test_the_b_server_can_log_access_as_make_serve_does() -> None:
+    from benchmarks import served_ab
+    from benchmarks.servers import UvicornProcess
+
+    for access_log in (False, True):
+        server = UvicornProcess({}, access_log=access_log)
+        server.stop()  # never started: closes its log file
+        assert ("--no-access-log" in server.command) is not access_log
+    pairs = [{"a": 100.0, "b": 99.0}]
+    text = served_ab.markdown({"machine": {}, "model": "m", "precision": "fp32",
+                               "batch_size": 8, "clients": 64, "set": [], "b": [],
+                               "b_env": [], "b_access_log": True, "seconds": 3.0,
+                               "pairs": pairs, "summary": served_ab.summary(pairs)})  # fmt: skip
+    assert "--b-access-log" in text
+    assert "B: A with uvicorn's access log on" in text
+
+
 def test_a_slice_that_fails_stops_its_load_at_once() -> None:
     from benchmarks.served_vs_limit import load
 
