@@ -25,6 +25,11 @@ BackendName = Literal["auto", "torch", "onnxruntime", "openvino"]
 DecodeDevice = Literal["auto", "cpu", "cuda"]
 LogLevel = Literal["critical", "error", "warning", "info", "debug"]
 ModelControl = Literal["none", "explicit"]
+# An API key shorter than this is refused at start-up: an empty one (a variable left unset in
+# a secret) would otherwise let requests without a key through, and a short one is guessable.
+MIN_API_KEY_BYTES = 16
+# Fields whose values an error message never repeats.
+_SECRET_FIELDS = frozenset({"api_key"})
 MODEL_NAME_PATTERN = r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,127}$"
 
 # The settings that are about a model rather than the process: the keys a model repository's
@@ -140,6 +145,16 @@ class Settings(BaseSettings):
             return ()
         if isinstance(value, str):
             return tuple(name.strip() for name in value.split(",") if name.strip())
+        return value
+
+    @field_validator("api_key")
+    @classmethod
+    def _long_enough(cls, value: SecretStr | None) -> SecretStr | None:
+        if value is not None and len(value.get_secret_value().encode()) < MIN_API_KEY_BYTES:
+            raise ValueError(
+                f"must be at least {MIN_API_KEY_BYTES} bytes (got "
+                f"{len(value.get_secret_value().encode())}); unset it to turn authentication off"
+            )
         return value
 
     @field_validator("model_repository")
@@ -347,6 +362,7 @@ def error_lines(exc: ValidationError, name: Callable[[str], str]) -> list[str]:
         field = ".".join(str(part) for part in error["loc"])
         message = error["msg"].removeprefix("Value error, ")
         value = error.get("input")
-        shown = "" if field == "" or isinstance(value, dict) else f" (got {value!r})"
+        hidden = field == "" or field in _SECRET_FIELDS or isinstance(value, dict)
+        shown = "" if hidden else f" (got {value!r})"
         lines.append(f"{name(field)}: {message}{shown}")
     return lines

@@ -19,6 +19,7 @@ from tests.conftest import make_settings, serve
 from tests.models import Exploding, Slow
 
 JPEG = {"content-type": "image/jpeg"}
+API_KEY = "let-me-in-0123456789"
 
 
 def assert_error(response: httpx.Response, status: int, code: str) -> None:
@@ -409,7 +410,7 @@ async def test_a_client_cannot_ask_for_a_longer_deadline_than_the_cap(
 
 
 async def test_api_key() -> None:
-    async with serve(make_settings(api_key="letmein", protect_metrics=True)) as (_, client):
+    async with serve(make_settings(api_key=API_KEY, protect_metrics=True)) as (_, client):
         denied = await client.post("/predict", content=images.jpeg(), headers=JPEG)
         assert_error(denied, 401, "unauthorized")
         assert denied.headers["www-authenticate"] == "Bearer"
@@ -418,14 +419,16 @@ async def test_api_key() -> None:
         )
         assert wrong.json() == denied.json()
         good = await client.post(
-            "/predict", content=images.jpeg(), headers={**JPEG, "authorization": "Bearer letmein"}
+            "/predict",
+            content=images.jpeg(),
+            headers={**JPEG, "authorization": f"Bearer {API_KEY}"},
         )
         assert good.status_code == 200
         assert (await client.get("/healthz")).status_code == 200
         assert (await client.get("/readyz")).status_code == 200
         assert (await client.get("/v1/models")).status_code == 401
         assert (await client.get("/metrics")).status_code == 401
-        auth = {"authorization": "Bearer letmein"}
+        auth = {"authorization": f"Bearer {API_KEY}"}
         assert (await client.get("/metrics", headers=auth)).status_code == 200
 
 
@@ -486,7 +489,7 @@ async def test_predict_takes_the_parameters_its_documentation_names(
 
 
 async def test_the_key_is_checked_before_any_parameter() -> None:
-    async with serve(make_settings(api_key="letmein")) as (_, client):
+    async with serve(make_settings(api_key=API_KEY)) as (_, client):
         for query in ("top_k=abc", "top_k=0", "top_k=999"):
             denied = await client.post(f"/predict?{query}", content=images.jpeg(), headers=JPEG)
             assert_error(denied, 401, "unauthorized")
@@ -494,14 +497,14 @@ async def test_the_key_is_checked_before_any_parameter() -> None:
             "/predict", content=b"", headers={**JPEG, "x-request-timeout-ms": "soon"}
         )
         assert_error(bad_timeout, 401, "unauthorized")
-        authorized = {**JPEG, "authorization": "Bearer letmein"}
+        authorized = {**JPEG, "authorization": f"Bearer {API_KEY}"}
         wrong = await client.post("/predict?top_k=abc", content=images.jpeg(), headers=authorized)
         assert_error(wrong, 422, "invalid_parameter")
 
 
 async def test_every_answer_of_predict_is_counted_once() -> None:
-    settings = make_settings(api_key="letmein", max_header_bytes=2048)
-    auth = {**JPEG, "authorization": "Bearer letmein"}
+    settings = make_settings(api_key=API_KEY, max_header_bytes=2048)
+    auth = {**JPEG, "authorization": f"Bearer {API_KEY}"}
     async with serve(settings) as (_, client):
         answers = [
             await client.post("/predict", content=images.jpeg(), headers=auth),  # 200

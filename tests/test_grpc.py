@@ -8,6 +8,7 @@ from __future__ import annotations
 import asyncio
 import io
 import socket
+import threading
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -36,6 +37,7 @@ pytestmark = pytest.mark.e2e
 
 MODEL = "color_classifier"
 MiB = 1024 * 1024
+KEY = "open-sesame-0123456789"
 BASE_ENV = {
     "BATCHSERVE_MODEL": "tests.models:color_classifier",
     "BATCHSERVE_WEIGHTS": "none",
@@ -58,8 +60,8 @@ PICTURES = [images.jpeg(images.photo(220, 160, seed=seed)) for seed in range(3)]
 def server() -> Iterator[UvicornProcess]:
     env = {
         **BASE_ENV,
-        "BATCHSERVE_MAX_IMAGE_BYTES": str(5 * MiB),
-        "BATCHSERVE_MAX_QUEUE_BYTES": str(16 * MiB),
+        "BATCHSERVE_MAX_IMAGE_BYTES": str(10 * MiB),
+        "BATCHSERVE_MAX_QUEUE_BYTES": str(32 * MiB),
     }
     with UvicornProcess(env) as process:
         yield process
@@ -235,11 +237,9 @@ def test_images_over_four_mebibytes(server: UvicornProcess, client: Any) -> None
     assert 4 * MiB < len(large) < 5 * MiB
     result = client.infer(MODEL, [image_input([large, large])])  # 9 MiB in one message
     assert result.as_numpy("probabilities").shape == (2, 12)
-    # One image over MAX_IMAGE_BYTES (5 MiB); a message over what admission could ever hold.
-    over = status_of(lambda: client.infer(MODEL, [image_input([large + b"\x00" * MiB])]))
+    # A message over what one request may carry (MAX_IMAGE_BYTES, 10 MiB), as over HTTP.
+    over = status_of(lambda: client.infer(MODEL, [image_input([large, large, large])]))
     assert over == "StatusCode.RESOURCE_EXHAUSTED"
-    message = status_of(lambda: client.infer(MODEL, [image_input([large] * 4)]))
-    assert message == "StatusCode.RESOURCE_EXHAUSTED"
 
 
 def test_standard_health_check_and_reflection(server: UvicornProcess) -> None:
@@ -393,17 +393,35 @@ def test_keys_and_the_repository_over_grpc(tmp_path: Path) -> None:
         "BATCHSERVE_MODEL_REPOSITORY": str(colour_repository(tmp_path)),
         "BATCHSERVE_MODEL_CONTROL": "explicit",
         "BATCHSERVE_LOAD_MODELS": "colors",
-        "BATCHSERVE_API_KEY": "sesame",
+        "BATCHSERVE_API_KEY": KEY,
     }
     with UvicornProcess(env) as server:
         client = grpcclient.InferenceServerClient(server.grpc_target)
-        key = {"authorization": "Bearer sesame"}
+        key = {"authorization": f"Bearer {KEY}"}
         try:
-            assert client.is_server_ready()  # health stays open, as over HTTP
+            # Health stays open, as over HTTP; everything else needs the key, as over HTTP.
+            assert client.is_server_live()
+            assert client.is_server_ready()
+            assert client.is_model_ready("colors")
             for headers in (None, {"authorization": "Bearer wrong"}):
-                assert status_of(
-                    lambda h=headers: client.get_model_repository_index(headers=h)
-                ) == "StatusCode.UNAUTHENTICATED"  # fmt: skip
+                for call in (
+                    lambda h=headers: client.get_model_repository_index(headers=h),
+                    lambda h=headers: client.get_server_metadata(headers=h),
+                    lambda h=headers: client.get_model_metadata("colors", headers=h),
+                    lambda h=headers: client.infer("colors", [image_input(PICTURES[:1])],
+                                                   headers=h),
+                ):  # fmt: skip
+                    assert status_of(call) == "StatusCode.UNAUTHENTICATED"
+            assert reflection_status(server.grpc_target, {}) == grpc.StatusCode.UNAUTHENTICATED
+            assert reflection_status(server.grpc_target, key) == grpc.StatusCode.OK
+            with httpx.Client(base_url=server.url) as http:
+                assert http.get("/v2").status_code == 401
+                assert http.get("/v2/models/colors").status_code == 401
+                assert http.get("/v2/models/colors/ready").status_code == 200
+                assert http.get("/v2", headers=key).status_code == 200
+            unauthorized = 'batchserve_requests_total{route="grpc_infer",outcome="unauthorized"}'
+            assert scrape(server, unauthorized) == 2
+            assert client.get_server_metadata(headers=key).name == "batchserve"
             index = client.get_model_repository_index(headers=key, as_json=True)["models"]
             assert {(m["name"], m.get("state")) for m in index} >= {
                 ("colors", "READY"), ("probe", "UNAVAILABLE"),
@@ -425,13 +443,28 @@ def test_keys_and_the_repository_over_grpc(tmp_path: Path) -> None:
             client.close()
 
 
+def reflection_status(target: str, metadata: dict[str, str]) -> Any:
+    """The status of one reflection call (list the services) with ``metadata``."""
+    from grpc_reflection.v1alpha import reflection_pb2, reflection_pb2_grpc
+
+    with grpc.insecure_channel(target) as channel:
+        stub = reflection_pb2_grpc.ServerReflectionStub(channel)
+        request = reflection_pb2.ServerReflectionRequest(list_services="")
+        try:
+            for _ in stub.ServerReflectionInfo(iter([request]), metadata=list(metadata.items())):
+                pass
+        except grpc.RpcError as exc:
+            return exc.code()
+    return grpc.StatusCode.OK
+
+
 def rest_v2(server: UvicornProcess, model: str, version: str) -> np.ndarray:
     http = pytest.importorskip("tritonclient.http")
     rest = http.InferenceServerClient(server.url.removeprefix("http://"))
     tensor = http.InferInput("image", [1], "BYTES")
     tensor.set_data_from_numpy(np.array(PICTURES[:1], dtype=np.object_))
     try:
-        key = {"authorization": "Bearer sesame"}
+        key = {"authorization": f"Bearer {KEY}"}
         result = rest.infer(model, [tensor], model_version=version, headers=key)
         return result.as_numpy("probabilities")  # type: ignore[no-any-return]
     finally:
@@ -439,7 +472,9 @@ def rest_v2(server: UvicornProcess, model: str, version: str) -> np.ndarray:
 
 
 def test_grpc_listens_where_uvicorn_was_told_to_unless_told_otherwise() -> None:
-    from app.grpc.server import http_host, listen_address, message_limit
+    from app.grpc.receiving import receive_slots
+    from app.grpc.server import http_host, listen_address, max_calls
+    from app.grpc.service import message_limit
     from tests.conftest import make_settings
 
     assert http_host(["uvicorn", "app.main:app", "--host", "0.0.0.0"], {}) == "0.0.0.0"
@@ -448,7 +483,135 @@ def test_grpc_listens_where_uvicorn_was_told_to_unless_told_otherwise() -> None:
     assert http_host(["python", "serve.py"], {}) == "127.0.0.1"
     assert listen_address(make_settings(grpc_port=8001, grpc_host="::1")) == "[::1]:8001"
     assert listen_address(make_settings(grpc_port=9000, grpc_host="0.0.0.0")) == "0.0.0.0:9000"
-    settings = make_settings(max_image_bytes=MiB, max_images_per_request=4,
-                             max_queue_bytes=64 * MiB)  # fmt: skip
-    assert message_limit(settings) == 4 * MiB + 64 * 1024
-    assert message_limit(make_settings()) == 256 * MiB + 64 * 1024
+    # A message carries what one HTTP request may: MAX_IMAGE_BYTES, and its own fields.
+    settings = make_settings(max_image_bytes=MiB, max_queue_bytes=64 * MiB, max_queue_size=100)
+    assert message_limit(settings) == MiB + 64 * 1024
+    assert message_limit(make_settings()) == 20 * MiB + 64 * 1024
+    # Messages received at once hold a quarter of MAX_QUEUE_BYTES, and at least one fits.
+    assert receive_slots(settings, message_limit(settings)) == 15
+    assert receive_slots(make_settings(), message_limit(make_settings())) == 3
+    assert receive_slots(make_settings(max_image_bytes=200 * MiB), 200 * MiB) == 1
+    assert max_calls(settings) == 100 + 64
+
+
+# -- what large messages may hold --------------------------------------------------------------
+
+
+def peak_rss_mib(pid: int) -> float:
+    """The process's peak resident memory so far (``VmHWM``)."""
+    for line in Path(f"/proc/{pid}/status").read_text().splitlines():
+        if line.startswith("VmHWM:"):
+            return int(line.split()[1]) / 1024
+    raise AssertionError("no VmHWM")
+
+
+def send_at_once(target: str, message: bytes, calls: int, key: str | None) -> list[Any]:
+    """``calls`` ModelInfer calls of the serialised ``message`` at the same time, each on its
+    own connection; their status codes."""
+    metadata = [("authorization", f"Bearer {key}")] if key else []
+    codes: list[Any] = [None] * calls
+
+    def call(index: int) -> None:
+        options = [("grpc.max_send_message_length", 2 * len(message))]
+        with grpc.insecure_channel(target, options=options) as channel:
+            infer = channel.unary_unary("/inference.GRPCInferenceService/ModelInfer",
+                                        request_serializer=bytes,
+                                        response_deserializer=bytes)  # fmt: skip
+            try:
+                infer(message, metadata=metadata, timeout=120)
+                codes[index] = grpc.StatusCode.OK
+            except grpc.RpcError as exc:
+                codes[index] = exc.code()
+
+    threads = [threading.Thread(target=call, args=(index,)) for index in range(calls)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join()
+    return codes
+
+
+@pytest.mark.slow
+def test_large_messages_hold_no_more_than_the_limits_allow() -> None:
+    """Sixteen 15 MiB calls at once (240 MiB): without the key nothing of them is read; with
+    it, the server holds at most ``MAX_QUEUE_BYTES`` of admitted messages, the one being
+    received (a receive slot: a quarter of ``MAX_QUEUE_BYTES``, at least one message) three
+    times over (gRPC's buffers, the bytes, the parsed message), two being parsed twice over
+    (the parse threads' copies), and 64 MiB besides."""
+    image_bytes, queue_bytes = 16 * MiB, 64 * MiB
+    env = {**BASE_ENV, "BATCHSERVE_API_KEY": KEY, "BATCHSERVE_MAX_IMAGE_BYTES": str(image_bytes),
+           "BATCHSERVE_MAX_QUEUE_BYTES": str(queue_bytes)}  # fmt: skip
+    request = service_pb2.ModelInferRequest(model_name=MODEL)
+    request.inputs.add(name="image", datatype="BYTES", shape=[1])
+    payload = 15 * MiB
+    request.raw_input_contents.append(payload.to_bytes(4, "little") + b"\x00" * payload)
+    message = request.SerializeToString()
+    with UvicornProcess(env) as server:
+        assert server.process is not None
+        pid = server.process.pid
+        before = peak_rss_mib(pid)
+        refused = send_at_once(server.grpc_target, message, 16, key=None)
+        assert refused == [grpc.StatusCode.UNAUTHENTICATED] * 16
+        unauthenticated = peak_rss_mib(pid) - before
+        assert unauthenticated < 32, f"{unauthenticated:.0f} MiB for refused calls"
+        before = peak_rss_mib(pid)
+        answered = send_at_once(server.grpc_target, message, 16, key=KEY)
+        # Not an image: refused once read, or by admission while others hold the bytes.
+        assert set(answered) <= {grpc.StatusCode.INVALID_ARGUMENT, grpc.StatusCode.UNAVAILABLE}
+        limit = image_bytes / MiB + 0.0625
+        bound = queue_bytes / MiB + 3 * limit + 2 * 2 * limit + 64
+        grown = peak_rss_mib(pid) - before
+        assert grown < bound, f"{grown:.0f} MiB held, bound {bound:.0f} MiB"
+
+
+@pytest.mark.slow
+def test_large_tensors_are_read_off_the_event_loop() -> None:
+    """Typed ``contents`` and raw tensors of 7 million numbers each, eight calls at once, while
+    ``/healthz`` is asked every 50 ms: it answers within a third of its probe's timeout (3 s)."""
+    env = {**BASE_ENV, "BATCHSERVE_MAX_IMAGE_BYTES": str(64 * MiB),
+           "BATCHSERVE_MAX_QUEUE_BYTES": str(512 * MiB)}  # fmt: skip
+    rng = np.random.default_rng(0)
+    tensor = rng.standard_normal((48, 3, 224, 224)).astype(np.float32)
+    pixels = rng.integers(0, 256, (16, 480, 320, 3), dtype=np.uint8)
+    messages = []
+    for name, datatype, array, field in (
+        ("tensor", "FP32", tensor, "fp32_contents"),
+        ("pixels", "UINT8", pixels, "uint_contents"),
+    ):
+        typed = service_pb2.ModelInferRequest(model_name=MODEL)
+        entry = typed.inputs.add(name=name, datatype=datatype, shape=list(array.shape))
+        getattr(entry.contents, field).extend(array.ravel().tolist())
+        raw = service_pb2.ModelInferRequest(model_name=MODEL)
+        raw.inputs.add(name=name, datatype=datatype, shape=list(array.shape))
+        raw.raw_input_contents.append(array.tobytes())
+        messages += [typed.SerializeToString(), raw.SerializeToString()]
+    with UvicornProcess(env) as server:
+        waits: list[float] = []
+        done = threading.Event()
+
+        def probe() -> None:
+            with httpx.Client(base_url=server.url, timeout=10) as http:
+                while not done.is_set():
+                    started = time.perf_counter()
+                    assert http.get("/healthz").status_code == 200
+                    waits.append(time.perf_counter() - started)
+                    time.sleep(0.05)
+
+        prober = threading.Thread(target=probe)
+        prober.start()
+        try:
+            codes: list[Any] = []
+
+            def call(message: bytes) -> None:
+                codes.extend(send_at_once(server.grpc_target, message, 1, key=None))
+
+            callers = [threading.Thread(target=call, args=(m,)) for m in messages * 2]
+            for caller in callers:
+                caller.start()
+            for caller in callers:
+                caller.join()
+        finally:
+            done.set()
+            prober.join()
+    assert codes == [grpc.StatusCode.OK] * 8
+    assert max(waits) < 1.0, f"/healthz waited {max(waits):.2f} s"

@@ -172,8 +172,8 @@ async def test_lying_binary_data_sizes_get_a_422(
 
 
 async def test_protocol_errors_for_images_models_and_limits() -> None:
-    settings = make_settings(api_key="k", max_image_bytes=4096, max_queue_bytes=4096)
-    auth = {"authorization": "Bearer k"}
+    settings = make_settings(api_key="k" * 16, max_image_bytes=4096, max_queue_bytes=4096)
+    auth = {"authorization": "Bearer " + "k" * 16}
     async with serve(settings) as (_, client):
         message = assert_protocol_error(
             await client.post(INFER, content=request_json(image_input(b"not an image")),

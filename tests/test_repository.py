@@ -264,3 +264,20 @@ async def test_two_models_on_one_cpu_never_run_forward_passes_at_once(tmp_path: 
     assert {answer.status_code for answer in answers} == {200}
     assert OverlapProbe.passes >= 2
     assert OverlapProbe.most == 1
+
+
+async def test_requests_for_unknown_models_do_not_list_the_repository(tmp_path: Path) -> None:
+    """The repository's models are listed by the index, a load or an unload, not by every
+    request or readiness call that names a model (open to anyone, key or none)."""
+    root = colour_repository(tmp_path)
+    settings = make_settings(model_repository=root, model_control="explicit",
+                             load_models=("colors",))  # fmt: skip
+    async with serve(settings) as (_, client):
+        add_model(root, "late", (1,), model="tests.models:color_classifier")
+        for _ in range(2):
+            unknown = await predict(client, "?model=late")
+            assert "unknown model 'late'" in unknown.json()["error"]["message"]
+            assert (await client.get("/v2/models/late/ready")).status_code == 404
+        await client.post("/v2/repository/index")
+        listed = await predict(client, "?model=late")
+        assert "'late' has no version loaded" in listed.json()["error"]["message"]

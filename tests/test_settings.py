@@ -17,7 +17,7 @@ def test_environment_variables_with_the_prefix(monkeypatch: pytest.MonkeyPatch) 
     monkeypatch.setenv("BATCHSERVE_MAX_BATCH_SIZE", "16")
     monkeypatch.setenv("BATCHSERVE_PREFERRED_BATCH_SIZES", "4, 8")
     monkeypatch.setenv("BATCHSERVE_LOG_LEVEL", "DEBUG")
-    monkeypatch.setenv("BATCHSERVE_API_KEY", "s3cret")
+    monkeypatch.setenv("BATCHSERVE_API_KEY", "s3cret-s3cret-s3cret")
     settings = load_settings()
     assert settings.model == "resnet18"
     assert settings.max_batch_size == 16
@@ -25,6 +25,18 @@ def test_environment_variables_with_the_prefix(monkeypatch: pytest.MonkeyPatch) 
     assert settings.log_level == "debug"
     assert settings.api_key is not None
     assert "s3cret" not in repr(settings)
+
+
+@pytest.mark.parametrize("key", ["", "short", "fifteen-bytes.."])
+def test_an_empty_or_short_api_key_stops_start_up(
+    monkeypatch: pytest.MonkeyPatch, key: str
+) -> None:
+    monkeypatch.setenv("BATCHSERVE_API_KEY", key)
+    with pytest.raises(SettingsError) as raised:
+        load_settings()
+    (line,) = [line for line in str(raised.value).splitlines() if "API_KEY" in line]
+    assert line.strip().startswith("BATCHSERVE_API_KEY: must be at least 16 bytes")
+    assert not key or key not in line  # the key itself is never repeated
 
 
 def test_dotenv_file_is_read(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:

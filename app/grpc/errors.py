@@ -49,5 +49,9 @@ async def abort_with(
     if retry is not None:
         trailers += [("retry-after", retry), ("grpc-retry-pushback-ms", str(int(retry) * 1000))]
     context.set_trailing_metadata(tuple(trailers))
+    # The abort raises while ``exc`` is being handled, and gRPC keeps what it raises until the
+    # call is finished: without its traceback, ``exc`` no longer holds the frames it passed
+    # through (and the request message in them) in a cycle only the collector would free.
+    exc.__traceback__ = None
     await context.abort(status_of(info), info.message)
     raise AssertionError("unreachable: abort raises")  # pragma: no cover

@@ -20,19 +20,25 @@ from typing import Any
 import grpc
 from grpc_health.v1 import health, health_pb2, health_pb2_grpc
 from grpc_reflection.v1alpha import reflection
-from tritonclient.grpc import service_pb2, service_pb2_grpc
+from tritonclient.grpc import service_pb2
 
-from app.grpc.service import InferenceService
+from app.grpc.guard import KeyInterceptor
+from app.grpc.receiving import ReceiveSlots, receive_slots
+from app.grpc.service import ROUTE, InferenceService, message_limit
 from app.serving.lifecycle import Phase
 from app.serving.server import ServerState
 from app.settings import Settings
 
 logger = logging.getLogger("batchserve")
 
-SERVICE: str = service_pb2.DESCRIPTOR.services_by_name["GRPCInferenceService"].full_name
+_DESCRIPTOR = service_pb2.DESCRIPTOR.services_by_name["GRPCInferenceService"]
+SERVICE: str = _DESCRIPTOR.full_name
 HEALTH: str = health_pb2.DESCRIPTOR.services_by_name["Health"].full_name
-# Room for the message around the tensors: names, shapes, parameters.
-_ENVELOPE_BYTES = 64 * 1024
+# Calls in progress beyond MAX_QUEUE_SIZE (each inference call holds at least one image):
+# room for health, metadata and repository calls. More are refused (RESOURCE_EXHAUSTED).
+EXTRA_CALLS = 64
+# Streams one HTTP/2 connection may open at once (the protocol's suggested minimum is 100).
+STREAMS_PER_CONNECTION = 128
 
 
 class GrpcBindError(RuntimeError):
@@ -53,12 +59,32 @@ def http_host(argv: Sequence[str] | None = None, environ: Mapping[str, str] | No
     return environ.get("UVICORN_HOST", "127.0.0.1")
 
 
-def message_limit(settings: Settings) -> int:
-    """The largest message a call may send: as many images of ``MAX_IMAGE_BYTES`` as a request
-    may carry (``MAX_IMAGES_PER_REQUEST``), never more than admission could ever hold
-    (``MAX_QUEUE_BYTES``). Anything larger is refused by gRPC itself (RESOURCE_EXHAUSTED)."""
-    images = settings.max_image_bytes * settings.images_per_request
-    return min(images, settings.max_queue_bytes) + _ENVELOPE_BYTES
+def max_calls(settings: Settings) -> int:
+    """Calls in progress at once."""
+    return settings.max_queue_size + EXTRA_CALLS
+
+
+def handlers(service: InferenceService) -> dict[str, grpc.RpcMethodHandler]:
+    """Every method of the service, each as its generated code would register it, except
+    ``ModelInfer``: a stream of (one) request, so that its message is read when the service
+    asks for it (``ReceiveSlots``)."""
+    registered = {}
+    for method in _DESCRIPTOR.methods:
+        request = getattr(service_pb2, method.input_type.name)
+        response = getattr(service_pb2, method.output_type.name)
+        behaviour = getattr(service, method.name)
+        if method.name == "ModelInfer":
+            kind = grpc.stream_unary_rpc_method_handler
+        elif method.client_streaming:
+            kind = grpc.stream_stream_rpc_method_handler
+        else:
+            kind = grpc.unary_unary_rpc_method_handler
+        registered[method.name] = kind(
+            behaviour,
+            request_deserializer=request.FromString,
+            response_serializer=response.SerializeToString,
+        )
+    return registered
 
 
 def listen_address(settings: Settings) -> str:
@@ -82,14 +108,26 @@ class GrpcFrontEnd:
         """Listen (``GrpcBindError`` when the address is taken or wrong) and serve."""
         settings = self._state.settings
         limit = message_limit(settings)
-        server = grpc.aio.server(options=[
-            ("grpc.so_reuseport", 0),
-            ("grpc.max_receive_message_length", limit),
-            ("grpc.max_send_message_length", limit),
-        ])  # fmt: skip
-        service_pb2_grpc.add_GRPCInferenceServiceServicer_to_server(
-            InferenceService(self._state, self._version), server
-        )
+        metrics = self._state.metrics
+
+        def refused(seconds: float) -> None:
+            metrics.count_request(ROUTE, "unauthorized", "", seconds)
+
+        server = grpc.aio.server(
+            interceptors=[KeyInterceptor(settings, on_refused_infer=refused)],
+            options=[
+                ("grpc.so_reuseport", 0),
+                ("grpc.max_receive_message_length", limit),
+                ("grpc.max_send_message_length", limit),
+                ("grpc.max_concurrent_streams", STREAMS_PER_CONNECTION),
+                ("grpc.http2.bdp_probe", 0),
+            ],
+            maximum_concurrent_rpcs=max_calls(settings),
+        )  # fmt: skip
+        receiving = ReceiveSlots(receive_slots(settings, limit))
+        methods = handlers(InferenceService(self._state, self._version, receiving))
+        server.add_generic_rpc_handlers((grpc.method_handlers_generic_handler(SERVICE, methods),))
+        server.add_registered_method_handlers(SERVICE, methods)
         health_pb2_grpc.add_HealthServicer_to_server(self._health, server)
         reflection.enable_server_reflection((SERVICE, HEALTH, reflection.SERVICE_NAME), server)
         address = listen_address(settings)

@@ -21,7 +21,7 @@ import numpy as np
 import orjson
 from pydantic import BaseModel, Field, ValidationError
 
-from app.errors import BadRequestError, InvalidInputError
+from app.errors import BadRequestError, InvalidInputError, PayloadTooLargeError
 from preprocessing import Buffer
 
 # NumPy dtype of each fixed-size datatype this server reads or writes.
@@ -64,6 +64,26 @@ class Tensor:
     array: np.ndarray[Any, Any] | None = None
 
 
+def check_counts(
+    name: str, datatype: str, shape: tuple[int, ...], max_images: int, max_bytes: int
+) -> None:
+    """Refuse a shape that implies more images than ``max_images`` (``MAX_IMAGES_PER_REQUEST``)
+    or more bytes than ``max_bytes`` (what one request may carry), before any element of it is
+    read: a shape is a claim, and its product can be anything."""
+    images = shape[0] if shape else 1
+    if images > max_images:
+        raise InvalidInputError(
+            f"input {name!r}: a request carries 1 to {max_images} images "
+            f"(MAX_IMAGES_PER_REQUEST), not {images}"
+        )
+    dtype = NUMERIC.get(datatype)
+    if dtype is not None and math.prod(shape) * dtype.itemsize > max_bytes:
+        raise PayloadTooLargeError(
+            f"input {name!r}: shape {list(shape)} of {datatype} is more than the "
+            f"{max_bytes} bytes a request may carry"
+        )
+
+
 def parse_request(body: Buffer, header_length: str | None) -> tuple[InferenceRequestBody, Buffer]:
     """The JSON header, validated, and the binary part after it (a view of ``body`` when it
     is a memoryview: nothing is copied)."""
@@ -95,13 +115,17 @@ def parse_request(body: Buffer, header_length: str | None) -> tuple[InferenceReq
         raise MalformedTensorError(f"invalid inference request: {problems}") from None
 
 
-def read_inputs(request: InferenceRequestBody, binary: Buffer) -> list[Tensor]:
-    """Every input's elements, from its JSON ``data`` or its share of the binary part."""
+def read_inputs(
+    request: InferenceRequestBody, binary: Buffer, max_images: int, max_bytes: int
+) -> list[Tensor]:
+    """Every input's elements, from its JSON ``data`` or its share of the binary part, each
+    shape checked against ``max_images`` and ``max_bytes`` first (``check_counts``)."""
     tensors = []
     offset = 0
     for tensor in request.inputs:
         if any(size < 0 for size in tensor.shape):
             raise MalformedTensorError(f"input {tensor.name!r}: negative dimension in its shape")
+        check_counts(tensor.name, tensor.datatype, tuple(tensor.shape), max_images, max_bytes)
         count = math.prod(tensor.shape)
         size = tensor.parameters.get("binary_data_size")
         if size is not None:
@@ -155,8 +179,13 @@ def from_raw(name: str, datatype: str, shape: tuple[int, ...], count: int, raw: 
 
 
 def _length_prefixed(name: str, raw: Buffer, count: int) -> list[bytes]:
-    items, offset = [], 0
+    items: list[bytes] = []
+    offset = 0
     while offset < len(raw):
+        if len(items) == count:  # more elements than the shape says: stop reading them
+            raise MalformedTensorError(
+                f"input {name!r}: more BYTES elements than its shape's {count}"
+            )
         if offset + 4 > len(raw):
             raise MalformedTensorError(f"input {name!r}: a BYTES element's length is cut short")
         (length,) = struct.unpack_from("<I", raw, offset)

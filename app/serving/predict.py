@@ -214,19 +214,17 @@ class Predictor:
         if inputs.kind == "pixels":
             if array.ndim != 4 or array.shape[3] != 3 or array.dtype != np.uint8:
                 raise InvalidInputError("pixels must be UINT8 of shape [N, H, W, 3]")
-            pixels = torch.from_numpy(np.ascontiguousarray(array)).permute(0, 3, 1, 2)
 
             def resize() -> list[PreparedImage]:
+                pixels = torch.from_numpy(np.ascontiguousarray(array)).permute(0, 3, 1, 2)
                 return [prepare_pixels(image, engine.transform, engine.limits) for image in pixels]
 
             return await self.decoding.run(level, resize)
         crop = engine.transform.crop_size
         if tuple(array.shape[1:]) != (3, crop, crop):
             raise InvalidInputError(f"a tensor must have shape [N, 3, {crop}, {crop}]")
-        values = torch.from_numpy(np.array(array, dtype=np.float32))
-        if not torch.isfinite(values).all():
-            raise InvalidInputError("the tensor holds NaN or infinite values")
-        return [prepare_normalized(image) for image in values]
+        # Copying and checking megabytes of floats: in a thread, not on the event loop.
+        return await self.decoding.run(level, _normalized_images, array)
 
     async def predict(
         self,
@@ -287,6 +285,14 @@ async def _or_cancel(
     with contextlib.suppress(asyncio.CancelledError):
         await future
     raise Cancelled
+
+
+def _normalized_images(array: np.ndarray[Any, Any]) -> list[PreparedImage]:
+    """A client's normalised tensor ``[N, 3, crop, crop]``: its own copy, finite throughout."""
+    values = torch.from_numpy(np.array(array, dtype=np.float32))
+    if not torch.isfinite(values).all():
+        raise InvalidInputError("the tensor holds NaN or infinite values")
+    return [prepare_normalized(image) for image in values]
 
 
 def _level(settings: Settings, priority: int | None) -> int:

@@ -54,13 +54,25 @@ class Registry:
         self._history: dict[str, list[dict[str, Any]]] = {}  # unloaded or failed, for the index
         self._locks: dict[str, asyncio.Lock] = {}
         self._device_locks: dict[str, threading.Lock] = {}
+        self._names: list[str] | None = None  # the repository's models, as last listed
 
     # -- what exists -------------------------------------------------------------------
 
     def available(self) -> list[str]:
-        """Every model that can be loaded: the repository's, or the one of the settings."""
+        """Every model that can be loaded: the repository's (as last listed: by the index, a
+        load or an unload), or the one of the settings. Requests that name an unknown model,
+        readiness calls among them, are answered from this list without listing the
+        repository's folder on the event loop."""
+        if self._names is None:
+            self.refresh_names()
+        assert self._names is not None
+        return self._names
+
+    def refresh_names(self) -> list[str]:
+        """List the repository's models again (a folder added or removed since)."""
         root = self.settings.model_repository
-        return model_names(root) if root is not None else [self.settings.served_name]
+        self._names = model_names(root) if root is not None else [self.settings.served_name]
+        return self._names
 
     def spec(self, name: str) -> ModelSpec:
         root = self.settings.model_repository
@@ -71,7 +83,7 @@ class Registry:
             return single_model(self.settings)
         from app.serving.repository import RepositoryError
 
-        if name not in model_names(root):
+        if name not in self.refresh_names():
             raise NotFoundError(f"unknown model {name!r}; the repository has "
                                 f"{', '.join(model_names(root)) or 'none'}")  # fmt: skip
         try:
@@ -169,7 +181,7 @@ class Registry:
         async with self._lock(name):
             versions = self._serving.pop(name, None)
             if versions is None:
-                if name in self._history or name in self.available():
+                if name in self._history or name in self.refresh_names():
                     return False  # already unloaded: nothing to do, as Triton answers
                 raise NotFoundError(f"unknown model {name!r}")
             await self._retire(name, list(versions.values()), set(), "unloaded")
@@ -206,7 +218,7 @@ class Registry:
         """Every model of the repository, and each version's state (Triton's repository
         index: ``name``, ``version``, ``state``, ``reason``)."""
         entries: list[dict[str, Any]] = []
-        for name in sorted(set(self.available()) | set(self._serving) | set(self._loading)):
+        for name in sorted(set(self.refresh_names()) | set(self._serving) | set(self._loading)):
             if name in self._loading:
                 entries += [version.describe() for version in self._loading[name]]
             if name in self._serving:

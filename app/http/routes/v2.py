@@ -157,7 +157,9 @@ async def _infer(server: ServerState, request: Request, name: str, version: str 
             # JSON, validation, base64 and flattening of a body of up to MAX_IMAGE_BYTES take
             # long enough to stall every other request and the probes: not on the event loop.
             document, binary = parse_request(bytes(raw), header_length)
-            return document, one_input(read_inputs(document, binary))
+            tensors = read_inputs(document, binary, settings.images_per_request,
+                                  settings.max_image_bytes)  # fmt: skip
+            return document, one_input(tensors)
 
         document, inputs = await predictor.parsing.run(
             admitted.version.settings.default_priority - 1, parse, body
