@@ -61,12 +61,28 @@ def cgroup_cpu_quota(cgroup: Path = CGROUP) -> float | None:
     return quota_us / period_us if quota_us > 0 and period_us > 0 else None
 
 
-def cpu_model() -> str:
-    """The CPU's model name (``/proc/cpuinfo``), else what the platform says."""
-    try:
-        for line in Path("/proc/cpuinfo").read_text().splitlines():
-            if line.startswith("model name"):
-                return line.split(":", 1)[1].strip()
-    except OSError:
-        pass
-    return platform.processor() or "unknown"
+# What names an Arm core in /proc/cpuinfo, which has no "model name" there.
+_ARM_FIELDS = ("CPU implementer", "CPU architecture", "CPU variant", "CPU part", "CPU revision",
+               "Features")  # fmt: skip
+
+
+def cpu_model(cpuinfo: str | None = None) -> str:
+    """The CPU's model: ``/proc/cpuinfo``'s ``model name`` (x86), else its first core's
+    implementer, part, revision and features (Arm, where two different CPUs would otherwise
+    share one name), else what the platform says."""
+    if cpuinfo is None:
+        try:
+            cpuinfo = Path("/proc/cpuinfo").read_text()
+        except OSError:
+            cpuinfo = ""
+    first = cpuinfo.split("\n\n", 1)[0]
+    fields = {}
+    for line in first.splitlines():
+        key, _, value = line.partition(":")
+        fields[key.strip()] = value.strip()
+    if fields.get("model name"):
+        return fields["model name"]
+    arm = [f"{name} {fields[name]}" for name in _ARM_FIELDS if fields.get(name)]
+    if arm:
+        return "Arm: " + "; ".join(arm)
+    return platform.processor() or platform.machine() or "unknown"

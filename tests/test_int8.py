@@ -11,12 +11,14 @@ from typing import Any
 import pytest
 import torch
 
+from app.cpus import available_cpus, cpu_model
 from app.engine import build_engine
 from app.engine.artifacts import REPORT, write_json
 from app.engine.errors import StartupError, UngatedModelError
 from app.engine.gate import CHECK_BOUNDS, compare, verdict
 from app.engine.int8_class import Int8Class, classify, cpu_flags, this_cpu
 from app.engine.int8_report import GATE_IMAGES
+from app.engine.kept import code_fingerprint
 from app.engine.quantize import build_int8
 from app.engine.quantize_onnx import recipe_order
 from app.settings import Settings
@@ -45,6 +47,16 @@ def test_the_int8_class_follows_the_recorded_cpu_flags(
     recorded: str, machine: str, expected: Int8Class
 ) -> None:
     assert classify(cpu_flags((RECORDED / recorded).read_text()), machine) == expected
+
+
+def test_every_recorded_cpu_has_a_model_of_its_own() -> None:
+    """What keys kept decisions per CPU: on Arm, where ``/proc/cpuinfo`` names no model, the
+    core's implementer, part and features stand for it."""
+    models = {path.name: cpu_model(path.read_text()) for path in RECORDED.iterdir()}
+    assert len(set(models.values())) == len(models), models
+    assert models["graviton2.txt"].startswith("Arm: CPU implementer 0x41")
+    assert "CPU part 0xd0c" in models["graviton2.txt"]
+    assert models["epyc-rome.txt"] == "AMD EPYC 7B12"
 
 
 def test_an_unknown_cpu_is_assumed_to_saturate() -> None:
@@ -166,6 +178,8 @@ def test_the_report_names_the_cpu_class_recipes_and_what_it_is_bound_to(
     assert report["preprocessing"]["crop_size"] == 224
     assert len(report["artifact_sha256"]) == 64
     assert report["runtime"].startswith("onnxruntime ")
+    assert report["code"] == code_fingerprint()
+    assert report["threads"] == available_cpus()
 
 
 def judged_again(caplog: pytest.LogCaptureFixture) -> bool:
@@ -194,9 +208,12 @@ async def test_a_report_that_holds_here_is_believed_and_shown(
         {"artifact_sha256": "0" * 64},
         {"runtime": "onnxruntime 0.1"},
         {"preprocessing": {"crop_size": 200}},
+        {"code": "0" * 16},
+        {"threads": 97},
+        {"top1_agreement": "all of them"},
     ],
     ids=["another-cpu-class", "another-model", "another-artefact", "another-runtime",
-         "another-preprocessing"],
+         "another-preprocessing", "other-code", "other-threads", "unreadable"],
 )  # fmt: skip
 def test_a_report_judged_elsewhere_is_judged_again_before_serving(
     artefacts: Path, tmp_path: Path, caplog: pytest.LogCaptureFixture, changes: dict[str, Any]

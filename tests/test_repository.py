@@ -5,12 +5,14 @@ from __future__ import annotations
 
 import asyncio
 import base64
+import os
 import shutil
 from pathlib import Path
 from typing import Any
 
 import httpx
 import pytest
+import torch
 
 from app.serving.repository import RepositoryError, read_model, single_model
 from tests import images
@@ -281,3 +283,56 @@ async def test_requests_for_unknown_models_do_not_list_the_repository(tmp_path: 
         await client.post("/v2/repository/index")
         listed = await predict(client, "?model=late")
         assert "'late' has no version loaded" in listed.json()["error"]["message"]
+
+
+def squeezenet_checkpoint(seed: int) -> bytes:
+    """A ten-class squeezenet1_1's random weights, as ``torch.save`` writes them."""
+    import io
+
+    from torchvision.models import squeezenet1_1
+
+    with torch.random.fork_rng(devices=[]):
+        torch.manual_seed(seed)
+        model = squeezenet1_1(num_classes=10)
+    buffer = io.BytesIO()
+    torch.save(model.state_dict(), buffer)
+    return buffer.getvalue()
+
+
+@pytest.mark.slow
+async def test_a_checkpoint_replaced_under_its_size_and_mtime_serves_its_new_weights(
+    tmp_path: Path,
+) -> None:
+    """``rsync -a`` and ``tar`` keep modification times: a reload after the file changed must
+    serve what the file now holds, not what a card or artefact remembers of the old one."""
+    root = tmp_path / "models"
+    labels = tmp_path / "labels.txt"
+    labels.write_text("\n".join(f"class {index}" for index in range(10)) + "\n")
+    for name in ("net", "fresh"):
+        add_model(root, name, (1,), model="squeezenet1_1", labels=str(labels))
+    old, new = squeezenet_checkpoint(1), squeezenet_checkpoint(2)
+    assert len(old) == len(new)
+    assert old != new
+    weights = root / "net" / "1" / "model.pt"
+    weights.write_bytes(old)
+    (root / "fresh" / "1" / "model.pt").write_bytes(new)  # the same weights at a new path
+    settings = make_settings(model_repository=root, model_control="explicit",
+                             load_models=("net",),
+                             artifacts_dir=tmp_path / "artifacts")  # fmt: skip
+    async with serve(settings) as (_, client):
+        before = (await predict(client, "?model=net&top_k=10")).json()["predictions"]
+        stat = weights.stat()
+        weights.write_bytes(new)
+        os.utime(weights, ns=(stat.st_atime_ns, stat.st_mtime_ns))
+        assert (weights.stat().st_size, weights.stat().st_mtime_ns) == (
+            stat.st_size, stat.st_mtime_ns,
+        )  # fmt: skip
+        for name in ("net", "fresh"):
+            loaded = await client.post(f"/v2/repository/models/{name}/load")
+            assert loaded.status_code == 200, loaded.text
+        after = (await predict(client, "?model=net&top_k=10")).json()["predictions"]
+        expected = (await predict(client, "?model=fresh&top_k=10")).json()["predictions"]
+    assert after != before
+    assert [entry["index"] for entry in after] == [entry["index"] for entry in expected]
+    for got, want in zip(after, expected, strict=True):
+        assert got["score"] == pytest.approx(want["score"], abs=1e-5)

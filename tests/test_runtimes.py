@@ -142,13 +142,18 @@ def test_auto_serves_the_fastest_installed_backend_and_remembers_why(
     from app.engine import precision as precision_module
 
     assert Settings(_env_file=None).backend == "auto"  # the default
+    # Rates made up and steady, so that one candidate wins beyond the noise (real ones may not).
+    made_up = {"torch": 100.0, "onnxruntime": 300.0, "openvino": 200.0}
+    monkeypatch.setattr(choice_module, "images_per_second",
+                        lambda backend, *args: made_up[backend.name])  # fmt: skip
     settings = runtime_settings(tmp_path, "auto", precision="auto")
     engine = build_engine(settings, settings.batch_config("cpu"))
     choice = engine.backend.choice
     assert choice is not None
     rates = choice["rates"]
     assert set(rates) == {"torch", "onnxruntime", "openvino"}
-    assert engine.backend.name == choice["chosen"] == max(rates, key=rates.__getitem__)
+    assert engine.backend.name == choice["chosen"] == "onnxruntime"
+    assert choice["rounds"]["openvino"] == [200.0] * 5  # every candidate, every round
     assert engine.backend.describe()["auto"]["chosen"] == engine.backend.name
     if engine.backend.name != "torch":
         assert engine.check is not None
@@ -225,6 +230,62 @@ def test_openvino_serves_bf16_with_precision_auto_when_it_measures_faster(
     rates["bf16"] = 105.0  # not the 1.1x that a less precise candidate must win by
     engine = build_engine(settings, settings.batch_config("cpu"))
     assert engine.precision == "fp32"
+
+
+def test_auto_serves_the_simplest_of_candidates_within_the_noise_and_keeps_nothing(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from app.engine import choice as choice_module
+
+    # OpenVINO's median is the highest, but it beats the others by less than its rounds vary.
+    rounds = {
+        "torch": iter([100.0, 130.0, 100.0, 130.0, 100.0]),
+        "onnxruntime": iter([90.0] * 5),
+        "openvino": iter([110.0, 140.0, 110.0] * 2),
+    }
+    monkeypatch.setattr(choice_module, "images_per_second",
+                        lambda backend, *args: next(rounds[backend.name]))  # fmt: skip
+    settings = runtime_settings(tmp_path, "auto", precision="fp32")
+    engine = build_engine(settings, settings.batch_config("cpu"))
+    choice = engine.backend.choice
+    assert choice is not None
+    assert engine.backend.name == "torch"
+    assert "torch, openvino measured within the noise" in choice["reason"]
+    assert not (settings.artifacts_dir / "backend-choice").exists()  # measured again next time
+
+
+def test_beyond_the_noise_means_a_margin_larger_than_the_rounds_vary() -> None:
+    from app.engine.choice import beats, preference
+
+    assert beats([110.0] * 4, [100.0] * 4)
+    assert not beats([110.0, 95.0, 125.0], [100.0, 100.0, 100.0])  # 1.1 +- 0.15
+    assert beats([115.0, 111.0, 119.0], [100.0, 100.0, 100.0])  # 1.15 +- 0.04
+    assert not beats([100.0] * 3, [100.0] * 3)
+    order, within = preference({"torch": [100.0] * 3, "openvino": [150.0] * 3})
+    assert (order, within) == (["openvino", "torch"], [])
+    order, within = preference({"torch": [100.0, 90.0, 110.0], "onnxruntime": [50.0] * 3,
+                                "openvino": [108.0, 85.0, 112.0]})  # fmt: skip
+    assert (order, within) == (["torch", "openvino", "onnxruntime"], ["torch", "openvino"])
+
+
+def test_an_unreadable_kept_decision_is_measured_again_with_a_warning(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
+    from app.engine import choice as choice_module
+
+    made_up = {"torch": 100.0, "onnxruntime": 300.0, "openvino": 200.0}
+    monkeypatch.setattr(choice_module, "images_per_second",
+                        lambda backend, *args: made_up[backend.name])  # fmt: skip
+    settings = runtime_settings(tmp_path, "auto", precision="fp32")
+    build_engine(settings, settings.batch_config("cpu"))
+    (kept,) = (settings.artifacts_dir / "backend-choice").glob("*.json")
+    kept.write_text(json.dumps({"chosen": "openvino", "precision": "fp32"}))  # no rates
+    with caplog.at_level(logging.WARNING, logger="batchserve"):
+        engine = build_engine(settings, settings.batch_config("cpu"))
+    assert engine.backend.name == "onnxruntime"  # measured again, not taken from the file
+    assert "ignoring the unreadable backend choice" in caplog.text
+    kept.write_text("[1, 2")
+    assert build_engine(settings, settings.batch_config("cpu")).backend.name == "onnxruntime"
 
 
 def test_auto_serves_the_fastest_candidate_that_passes_its_check(

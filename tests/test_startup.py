@@ -6,6 +6,8 @@ from __future__ import annotations
 import asyncio
 import errno
 import hashlib
+import json
+import logging
 import threading
 import time
 from pathlib import Path
@@ -15,6 +17,7 @@ import pytest
 
 from app.engine import build_engine
 from app.engine import startup_check as check_module
+from app.engine.kept import code_fingerprint
 from app.engine.startup_check import CHECK_RECORD
 from app.startup import MODEL_PHASES, Phases, process_age_s
 from benchmarks.promtext import parse, value
@@ -305,3 +308,35 @@ def test_a_factory_model_gets_no_card() -> None:
     from app.engine.cards import card_path
 
     assert card_path(make_settings()) is None  # its code may change under the same settings
+
+
+def test_a_kept_verdict_holds_only_for_the_options_and_code_that_made_it(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
+    settings = make_settings(backend="onnxruntime", artifacts_dir=tmp_path / "artifacts",
+                             torch_threads=1)  # fmt: skip
+    first = build_engine(settings, settings.batch_config("cpu"))
+    record = Path(first.backend.describe()["artifact"]).parent / CHECK_RECORD
+    kept = json.loads(record.read_text())
+    assert kept["bound_to"]["options"]["intra_op_threads"] == 1
+    assert kept["bound_to"]["code"] == code_fingerprint()
+
+    def never(*args: Any, **kwargs: Any) -> Any:
+        raise AssertionError("checked again")
+
+    monkeypatch.setattr(check_module, "startup_check", never)
+    build_engine(settings, settings.batch_config("cpu"))  # the same: believed
+    two = make_settings(backend="onnxruntime", artifacts_dir=tmp_path / "artifacts",
+                        torch_threads=2)  # fmt: skip
+    with pytest.raises(AssertionError, match="checked again"):
+        build_engine(two, two.batch_config("cpu"))
+    record.write_text(json.dumps({**kept, "bound_to": {**kept["bound_to"], "code": "older"}}))
+    with pytest.raises(AssertionError, match="checked again"):
+        build_engine(settings, settings.batch_config("cpu"))
+    record.write_text(json.dumps({"bound_to": kept["bound_to"]}))  # no report: unreadable
+    with (
+        caplog.at_level(logging.WARNING, logger="batchserve"),
+        pytest.raises(AssertionError, match="checked again"),
+    ):
+        build_engine(settings, settings.batch_config("cpu"))
+    assert "ignoring the unreadable start-up check" in caplog.text

@@ -8,12 +8,16 @@ them) took a third of a cached start. The first start that builds the model keep
 beside the artefacts; later starts with the same settings read the card, and build the module
 only if something asks for it (a missing artefact, a check to run again).
 
-A card is keyed by everything the model depends on: the model's name and weights setting, the
+A card is found by everything the model depends on: the model's name and weights setting, the
 checkpoint file's path, size and modification time, the labels file's contents, the input
-sizes, the torch and torchvision versions, and for pretrained weights the torch hub cache's
-state. Only torchvision's architectures get cards: a ``package.module:factory`` model's code
-can change under the same settings, so it is always built. A module built later for a card
-must have the card's digest, or the start stops (the card is stale: remove it).
+sizes, the code, the torch and torchvision versions, and for pretrained weights the torch hub
+cache's state. It holds the checkpoint's sha256, and a start that uses it hashes the
+checkpoint again in a thread while the runtime compiles: a file replaced by other weights of
+the same size under the same modification time (``rsync -a``, ``tar``, images built with
+fixed timestamps) has another sha256, and the start then throws away what the card named and
+builds from the checkpoint (``LoadedModel.stale``). Only torchvision's architectures get cards:
+a ``package.module:factory`` model's code can change under the same settings, so it is always
+built. A module built later for a card must have the card's digest, or the start stops.
 """
 
 from __future__ import annotations
@@ -26,10 +30,12 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+from pydantic import BaseModel
 from torch import nn
 
-from app.engine.artifacts import keep_json, read_json, weights_digest
-from app.engine.loading import LoadedModel, ModelLoadError
+from app.engine.artifacts import file_sha256, keep_json, weights_digest
+from app.engine.kept import code_fingerprint, read_kept
+from app.engine.loading import ContentCheck, LoadedModel, ModelLoadError
 from app.settings import Settings
 from preprocessing import TransformConfig
 
@@ -79,12 +85,30 @@ def card_path(settings: Settings) -> Path | None:
         "image_size": settings.image_size,
         "resize_size": settings.resize_size,
         "versions": {name: _version(name) for name in ("torch", "torchvision")},
+        "code": code_fingerprint(),
     }
     digest = hashlib.sha256(json.dumps(key, sort_keys=True).encode()).hexdigest()[:20]
     return settings.artifacts_dir / FOLDER / f"{digest}.json"
 
 
-def keep_card(path: Path, loaded: LoadedModel, digest: str) -> None:
+def checkpoint_of(settings: Settings) -> Path | None:
+    """The checkpoint file the weights setting names, if it names one."""
+    path = Path(settings.weights.strip())
+    return path if path.is_file() else None
+
+
+class ModelCard(BaseModel):
+    """A kept card, as it must read back."""
+
+    name: str
+    weights: str
+    digest: str
+    labels: list[str]
+    transform: dict[str, Any]
+    checkpoint_sha256: str | None = None
+
+
+def keep_card(path: Path, loaded: LoadedModel, digest: str, checkpoint: Path | None) -> None:
     transform = loaded.transform
     keep_json(path, {
         "name": loaded.name, "weights": loaded.weights, "digest": digest,
@@ -92,27 +116,33 @@ def keep_card(path: Path, loaded: LoadedModel, digest: str) -> None:
         "transform": {"crop_size": transform.crop_size, "resize_size": transform.resize_size,
                       "mean": list(transform.mean), "std": list(transform.std),
                       "interpolation": transform.interpolation.value},
+        "checkpoint_sha256": file_sha256(checkpoint) if checkpoint is not None else None,
     })  # fmt: skip
 
 
-def from_card(path: Path, build: Callable[[], nn.Module]) -> LoadedModel | None:
+def from_card(
+    path: Path, build: Callable[[], nn.Module], checkpoint: Path | None = None
+) -> LoadedModel | None:
     """The model a kept card describes, its module built by ``build()`` when first asked
-    for (and checked against the card's digest then), or None when there is no usable card."""
-    card = read_json(path)
+    for (and checked against the card's digest then), or None when there is no usable card.
+    ``checkpoint`` is hashed at once in a thread, to be compared with the card's when the
+    start asks whether the card was stale."""
+    card = read_kept(path, ModelCard, "model card")
     if card is None:
         return None
     try:
-        values = card["transform"]
+        values = card.transform
         transform = TransformConfig(
             crop_size=int(values["crop_size"]), resize_size=int(values["resize_size"]),
             mean=tuple(values["mean"]), std=tuple(values["std"]),
             interpolation=values["interpolation"],
         )  # fmt: skip
-        labels = tuple(str(label) for label in card["labels"])
-        digest, name, weights = str(card["digest"]), str(card["name"]), str(card["weights"])
     except (KeyError, TypeError, ValueError):
         logger.warning("ignoring the unreadable model card %s", path)
         return None
+    if (checkpoint is None) != (card.checkpoint_sha256 is None):
+        return None  # a card of another kind of weights
+    digest, name, weights = card.digest, card.name, card.weights
 
     def checked_build() -> nn.Module:
         module = build()
@@ -123,22 +153,28 @@ def from_card(path: Path, build: Callable[[], nn.Module]) -> LoadedModel | None:
             )
         return module
 
+    content = None
+    if checkpoint is not None and card.checkpoint_sha256 is not None:
+        content = ContentCheck(checkpoint, card.checkpoint_sha256)
     logger.info("model %s from its card (%s): built only if needed", name, path)
-    return LoadedModel(name, None, weights, labels, transform, build=checked_build,
-                       digest=digest)  # fmt: skip
+    return LoadedModel(name, None, weights, tuple(card.labels), transform, build=checked_build,
+                       digest=digest, content=content)  # fmt: skip
 
 
-def load_described(settings: Settings, load: Callable[[], LoadedModel]) -> LoadedModel:
-    """The model the settings name: from its card when one is kept, else ``load()`` (which
-    builds it), keeping a card for the next start."""
+def load_described(
+    settings: Settings, load: Callable[[], LoadedModel], *, use_card: bool = True
+) -> LoadedModel:
+    """The model the settings name: from its card when one is kept (and ``use_card``), else
+    ``load()`` (which builds it), keeping a card for the next start."""
     path = card_path(settings)
-    if path is not None:
-        described = from_card(path, lambda: load().module)
+    checkpoint = checkpoint_of(settings)
+    if path is not None and use_card:
+        described = from_card(path, lambda: load().module, checkpoint)
         if described is not None:
             return described
     loaded = load()
     if path is not None:
         if loaded.digest is None:
             loaded.digest = weights_digest(loaded.module)
-        keep_card(path, loaded, loaded.digest)
+        keep_card(path, loaded, loaded.digest, checkpoint)
     return loaded

@@ -1,14 +1,19 @@
-"""``BACKEND=auto``: serve the fastest installed backend, measured once per CPU, model and
-versions.
+"""``BACKEND=auto``: serve the fastest installed backend, measured once per CPU, model, code
+and versions, and only where the measurement can tell.
 
 On a CPU the fastest of PyTorch, ONNX Runtime and OpenVINO depends on the CPU, the model and
 the runtimes' versions (see the backends benchmark), so a user who names none would otherwise
 get whichever we guessed. At the first start every installed backend is built (exporting its
-artefact if needed) and its forward pass timed at the warm-up batch size; the fastest that
-passes its start-up check (like any runtime's) is served, and those that failed theirs are
-named in the decision. The decision is kept beside the artefacts,
-keyed by what it depends on, so that later starts build only the chosen backend. On a GPU the
-PyTorch backend (CUDA graphs, fp16, device decoding) stays the choice.
+artefact if needed), and their forward passes are timed in alternating rounds, each round
+under the device's lock (no other model's batch runs meanwhile) and in a new order, so that a
+change in the machine's load touches every candidate alike. A candidate wins only when its
+margin over each other one exceeds the noise the rounds measured (half the spread of its
+per-round ratios); when it does not, the simplest candidate within the noise is served
+(PyTorch before ONNX Runtime before OpenVINO, fp32 before INT8), the decision says so, and it
+is not kept: the next start measures again. A winner that passes its start-up check is kept
+beside the artefacts, keyed by what it depends on, so that later starts build only it; a kept
+decision that does not read back as one is measured again. On a GPU the PyTorch backend (CUDA
+graphs, fp16, device decoding) stays the choice.
 
 INT8 joins the candidates only through its accuracy gate: with ``PRECISION=auto``, the INT8
 model of a runtime competes when one was built (``python -m app.quantize``) and its gate
@@ -18,6 +23,7 @@ passes here; with ``PRECISION=int8`` only the INT8 runtimes compete (built at st
 
 from __future__ import annotations
 
+import contextlib
 import datetime as dt
 import gc
 import hashlib
@@ -25,11 +31,14 @@ import importlib.metadata
 import importlib.util
 import json
 import logging
+import statistics
+import threading
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
 import torch
+from pydantic import BaseModel
 
 from app.cpus import cpu_model
 from app.engine.artifacts import keep_json, read_json
@@ -37,6 +46,7 @@ from app.engine.backends import Backend
 from app.engine.device import cpu_supports_bf16
 from app.engine.errors import StartupError
 from app.engine.int8_class import this_cpu
+from app.engine.kept import code_fingerprint, read_kept
 from app.engine.precision import images_per_second
 from app.settings import Settings
 
@@ -47,6 +57,17 @@ logger = logging.getLogger("batchserve")
 CANDIDATES = ("torch", "onnxruntime", "openvino")
 INT8_RUNTIMES = ("onnxruntime", "openvino")
 FOLDER = "backend-choice"
+# Rounds of timing, each candidate once per round, and how long each timing lasts at least.
+ROUNDS = 5
+ROUND_SECONDS = 0.15
+
+
+class Decision(BaseModel):
+    """A kept decision, as it must read back."""
+
+    chosen: str
+    precision: str
+    rates: dict[str, float]
 
 
 def label(backend: str, precision: str) -> str:
@@ -87,7 +108,7 @@ def decision_path(settings: Settings, model_digest: str, rows: int, int8_ready: 
         # Native bf16 kernels add bf16 candidates (PyTorch's and OpenVINO's) to PRECISION=auto.
         "native_bf16": cpu_supports_bf16(),
         "versions": {name: _version(name) for name in CANDIDATES},
-        "candidates": installed(), "int8_ready": sorted(int8_ready),
+        "candidates": installed(), "int8_ready": sorted(int8_ready), "code": code_fingerprint(),
     }  # fmt: skip
     digest = hashlib.sha256(json.dumps(key, sort_keys=True).encode()).hexdigest()[:20]
     return settings.artifacts_dir / FOLDER / f"{digest}.json"
@@ -102,11 +123,13 @@ def choose_backend(
     build: Callable[[str, str], Backend],
     int8_ready: Callable[[str], bool],
     failures: Callable[[Backend], list[str]],
+    device_lock: threading.Lock | None = None,
 ) -> tuple[Backend, dict[str, Any]]:
     """The backend to serve and why: ``build(name, precision)`` makes one (with its
     artefact); ``int8_ready(name)`` says whether that runtime's INT8 model exists and passes
-    its gate here (without building one); ``failures(backend)`` runs its start-up check. The
-    fastest candidate that passes its check is served."""
+    its gate here (without building one); ``failures(backend)`` runs its start-up check;
+    ``device_lock`` is held while a candidate is timed. The fastest candidate that passes its
+    check is served, if the rounds can tell it is the fastest."""
     if device.type == "cuda":
         return build("torch", settings.precision), {
             "chosen": "torch", "precision": settings.precision,
@@ -117,79 +140,122 @@ def choose_backend(
         if settings.precision == "auto" else []
     )  # fmt: skip
     path = decision_path(settings, model_digest, rows, ready)
-    kept = read_json(path)
-    if kept is not None and kept.get("chosen") in installed():
-        chosen, precision = str(kept["chosen"]), str(kept.get("precision", settings.precision))
-        logger.info("backend auto: %s, measured before (%s)", label(chosen, precision),
-                    _rates(kept["rates"]))  # fmt: skip
-        return build(chosen, precision), {**kept, "reused": True}
-    best: Backend | None = None
-    best_label = ""
-    rates: dict[str, float] = {}
-    pairs: dict[str, tuple[str, str]] = {}
+    kept = read_kept(path, Decision, "backend choice")
+    if kept is not None and kept.chosen in installed():
+        logger.info("backend auto: %s, measured before (%s)", label(kept.chosen, kept.precision),
+                    _rates(kept.rates))  # fmt: skip
+        record = read_json(path) or {}
+        return build(kept.chosen, kept.precision), {**record, "reused": True}
+    built: dict[str, Backend] = {}
     for name, precision in candidates(settings.precision, ready):
         try:
-            backend = build(name, precision)
+            built[label(name, precision)] = build(name, precision)
         except StartupError as exc:  # a runtime that cannot serve this model is no candidate
             logger.warning("backend auto: %s cannot serve this model: %s",
                            label(name, precision), exc)  # fmt: skip
-            continue
-        key = label(name, precision)
-        pairs[key] = (name, precision)
-        rates[key] = images_per_second(backend, input_shape, rows)
-        if best is None or rates[key] > rates[best_label]:
-            best, best_label = backend, key  # the one it beats goes: one model besides the best
-        del backend
-        gc.collect()
-    if best is None:
+    if not built:
         raise StartupError(
             f"BACKEND=auto: no installed backend can serve this model in "
             f"PRECISION={settings.precision}"
         )
-    served, rejected = _first_that_passes(best, best_label, rates, pairs, build, failures)
+    rounds = measure_in_rounds(built, input_shape, rows, device_lock)
+    rates = {key: statistics.median(measured) for key, measured in rounds.items()}
+    order, within = preference(rounds)
+    served, rejected = _first_that_passes(order, built, failures)
     decision: dict[str, Any] = {
         "chosen": served.name,
         # What it serves, not what was asked (PRECISION=auto): a later start builds only that
         # precision instead of measuring fp32 against bf16 again.
         "precision": served.precision,
         "rates": rates,
+        "rounds": rounds,
         "precision_rates": served.measured_rates,
         "rows": rows,
         "measured_at": dt.datetime.now(dt.UTC).isoformat(timespec="seconds"),
-        "reason": "the fastest forward pass measured here"
-        + (" that passed its start-up check" if rejected else ""),
     }
+    served_key = label(served.name, served.precision)
+    if within:
+        decision["reason"] = (
+            f"{', '.join(within)} measured within the noise of one another: serving "
+            f"{served_key}, the simplest that passed its start-up check; not kept, the next "
+            f"start measures again"
+        )
+    else:
+        decision["reason"] = "the fastest forward pass measured here, beyond the noise" + (
+            " among those that passed their start-up check" if rejected else ""
+        )
+        keep_json(path, decision)
     if rejected:
         decision["rejected"] = rejected
-    keep_json(path, decision)
-    logger.info("backend auto: %s (measured %s images/s at batch %d)",
-                label(served.name, served.precision), _rates(rates), rows)  # fmt: skip
+    logger.info("backend auto: %s (%s; median images/s at batch %d: %s)", served_key,
+                decision["reason"], rows, _rates(rates))  # fmt: skip
     return served, decision
 
 
+def measure_in_rounds(
+    backends: dict[str, Backend],
+    input_shape: tuple[int, int, int],
+    rows: int,
+    device_lock: threading.Lock | None = None,
+    rounds: int = ROUNDS,
+) -> dict[str, list[float]]:
+    """Each backend's forward rate, once per round, the order turned by one each round, each
+    timing under ``device_lock``."""
+    keys = list(backends)
+    measured: dict[str, list[float]] = {key: [] for key in keys}
+    for round_index in range(rounds):
+        shift = round_index % len(keys)
+        for key in keys[shift:] + keys[:shift]:
+            with device_lock or contextlib.nullcontext():
+                rate = images_per_second(backends[key], input_shape, rows, ROUND_SECONDS)
+            measured[key].append(rate)
+    return measured
+
+
+def beats(faster: list[float], slower: list[float]) -> bool:
+    """Whether the first candidate is faster than the second beyond the noise: the median of
+    its per-round ratios exceeds 1 by more than half their spread."""
+    ratios = [a / b for a, b in zip(faster, slower, strict=True) if b > 0]
+    if not ratios:
+        return False
+    margin = statistics.median(ratios) - 1
+    noise = (max(ratios) - min(ratios)) / 2
+    return margin > noise
+
+
+def preference(rounds: dict[str, list[float]]) -> tuple[list[str], list[str]]:
+    """The candidates in the order they are tried (``rounds``' keys run simplest first), and
+    which of them measured within the noise of the fastest (empty when it is beyond it).
+
+    The fastest by median comes first if it beats every other beyond the noise; otherwise the
+    simplest of those it does not beat does, then the rest by speed."""
+    rates = {key: statistics.median(measured) for key, measured in rounds.items()}
+    by_speed = sorted(rates, key=rates.__getitem__, reverse=True)
+    best = by_speed[0]
+    within = [key for key in rounds if key == best or not beats(rounds[best], rounds[key])]
+    if len(within) == 1:
+        return by_speed, []
+    first = within[0]  # the simplest
+    return [first, *(key for key in by_speed if key != first)], within
+
+
 def _first_that_passes(
-    best: Backend,
-    best_label: str,
-    rates: dict[str, float],
-    pairs: dict[str, tuple[str, str]],
-    build: Callable[[str, str], Backend],
-    failures: Callable[[Backend], list[str]],
+    order: list[str], built: dict[str, Backend], failures: Callable[[Backend], list[str]]
 ) -> tuple[Backend, dict[str, list[str]]]:
-    """The fastest candidate whose start-up check passes (the fastest is already built; the
-    others are built again, one at a time), and the failures of those that did not."""
+    """The first candidate in ``order`` whose start-up check passes, and the failures of those
+    before it; the others are let go."""
     rejected: dict[str, list[str]] = {}
-    kept: Backend | None = best
-    for key in sorted(rates, key=rates.__getitem__, reverse=True):
-        backend = kept if key == best_label and kept is not None else build(*pairs[key])
-        kept = None  # one model at a time
+    for key in order:
+        backend = built.pop(key)
         failed = failures(backend)
         if not failed:
+            built.clear()
+            gc.collect()
             return backend, rejected
         logger.warning("backend auto: %s failed its start-up check, trying the next: %s",
                        key, "; ".join(failed))  # fmt: skip
         rejected[key] = failed
         del backend
-        gc.collect()
     raise StartupError(
         "BACKEND=auto: every candidate failed its start-up check: "
         + "; ".join(f"{key}: {' '.join(failed)}" for key, failed in rejected.items())

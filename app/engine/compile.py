@@ -15,7 +15,7 @@
 Whatever the mode, the result is checked against the eager model on a probe batch; a model
 that cannot be traced or that disagrees falls back to eager, with a warning. A TorchScript
 artefact that passed keeps that verdict beside it, bound to its sha256, the torch version, the
-dtype and the device: a later start loads it without building the eager model (``kept``).
+dtype, the device and the code: a later start loads it without building the eager model (``kept``).
 """
 
 from __future__ import annotations
@@ -98,7 +98,10 @@ def kept(artifact: Path, dtype: torch.dtype, device: torch.device) -> nn.Module 
     record = read_json(artifact.with_name(VERDICT))
     if record is None or not artifact.is_file():
         return None
-    if record.get("bound_to") != _binding(artifact, dtype, device):
+    if not isinstance(record.get("bound_to"), dict):
+        logger.warning("ignoring the unreadable verdict beside %s: checking again", artifact)
+        return None
+    if record["bound_to"] != _binding(artifact, dtype, device):
         return None
     probe = torch.empty(0, device=device, dtype=dtype)
     loaded = _cached(artifact, probe)
@@ -108,8 +111,10 @@ def kept(artifact: Path, dtype: torch.dtype, device: torch.device) -> nn.Module 
 
 
 def _binding(artifact: Path, dtype: torch.dtype, device: torch.device) -> dict[str, str]:
+    from app.engine.kept import code_fingerprint
+
     return {"sha256": file_sha256(artifact), "torch": torch.__version__, "dtype": str(dtype),
-            "device": device.type}  # fmt: skip
+            "device": device.type, "code": code_fingerprint()}  # fmt: skip
 
 
 def _drift(candidate: torch.Tensor, reference: torch.Tensor) -> float:

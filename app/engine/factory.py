@@ -56,13 +56,13 @@ QDQ = "-qdq"  # INT8 ONNX artefacts: static quantisation with QuantizeLinear/Deq
 NNCF = "-nncf"  # INT8 OpenVINO artefacts: NNCF's post-training quantization of the fp32 IR
 
 
-def load_configured_model(settings: Settings) -> LoadedModel:
+def load_configured_model(settings: Settings, *, use_card: bool = True) -> LoadedModel:
     """The model the settings name, with their weights, labels and input sizes: from its kept
     card when there is one (the module is then built only if something needs it)."""
     return load_described(settings, lambda: load_model(
         settings.model, settings.weights, settings.labels, settings.image_size,
         settings.resize_size,
-    ))  # fmt: skip
+    ), use_card=use_card)  # fmt: skip
 
 
 def build_engine(
@@ -86,6 +86,30 @@ def build_engine(
     torch.set_num_threads(settings.intra_op_threads)
     with phases.phase("weights"):
         loaded = load_configured_model(settings)
+    engine = _engine_for(loaded, settings, config, observer, device, device_lock, phases)
+    if loaded.stale():  # its checkpoint was hashed while the runtime compiled
+        logger.warning(
+            "%s: the checkpoint %s holds other weights than its model card says (same size and "
+            "modification time, other contents): building from the checkpoint",
+            loaded.name, settings.weights,
+        )  # fmt: skip
+        del engine
+        with phases.phase("weights"):
+            loaded = load_configured_model(settings, use_card=False)
+        engine = _engine_for(loaded, settings, config, observer, device, device_lock, phases)
+    return engine
+
+
+def _engine_for(
+    loaded: LoadedModel,
+    settings: Settings,
+    config: BatchConfig,
+    observer: EngineObserver | None,
+    device: torch.device,
+    device_lock: threading.Lock | None,
+    phases: Phases,
+) -> InferenceEngine:
+    """The engine of ``loaded`` on the configured backend and precision."""
     limits = ImageLimits(
         max_pixels=settings.max_image_pixels, resize_size=loaded.transform.resize_size,
         min_side=settings.min_image_size,
@@ -124,7 +148,7 @@ def build_engine(
                 failures_of, own_copy=True,
             ),
             lambda name: int8_ready(settings.with_backend(name, "int8"), loaded),
-            failures_of,
+            failures_of, device_lock,
         )  # fmt: skip
         # Measuring (and building the candidates that lost) is the choice's own time.
         phases.add("choice", time.perf_counter() - choosing

@@ -1,13 +1,14 @@
 """An INT8 model's accuracy report, and when it may be believed.
 
 The report stored beside an INT8 artefact holds the gate's figures and what they were measured
-on: the artefact's digest, the model's weights, the preprocessing, the CPU's INT8 class and the
-runtime's version. A start-up believes the figures only when all of that matches what it is
-about to serve, and judges them by the bounds in its own settings, never by the stored
-``passed`` alone. Anything else (the artefact was replaced, the report belongs to another
-model, the artefact moved to a CPU whose INT8 arithmetic differs, the runtime changed, or the
-settings ask for stricter bounds than those it was judged by) re-runs the gate on the
-held-out images stored beside the artefact before the model may serve.
+on: the artefact's digest, the model's weights, the preprocessing, the CPU's INT8 class, the
+runtime's version and threads, and the code that judged. A start-up believes the figures only
+when all of that matches what it is about to serve, and judges them by the bounds in its own
+settings, never by the stored ``passed`` alone. Anything else (the artefact was replaced, the
+report belongs to another model or is unreadable, the artefact moved to a CPU whose INT8
+arithmetic differs, the runtime or the code changed, or the settings ask for stricter bounds
+than those it was judged by) re-runs the gate on the held-out images stored beside the
+artefact before the model may serve.
 """
 
 from __future__ import annotations
@@ -20,6 +21,7 @@ from typing import Any
 from app.engine.artifacts import file_sha256
 from app.engine.gate import Bounds, looser, verdict
 from app.engine.int8_class import this_cpu
+from app.engine.kept import code_fingerprint
 from app.engine.loading import LoadedModel
 from app.settings import Settings
 
@@ -100,16 +102,22 @@ def runtime_version(backend: str) -> str:
     return f"onnxruntime {onnxruntime.__version__}"
 
 
-def binding(loaded: LoadedModel, weights_digest: str, path: Path, backend: str) -> dict[str, Any]:
-    """What a report's figures are bound to."""
-    return {
+def binding(
+    loaded: LoadedModel, weights_digest: str, path: Path, backend: str, threads: int | None = None
+) -> dict[str, Any]:
+    """What a report's figures are bound to (``threads``: the runtime's, where they count)."""
+    bound: dict[str, Any] = {
         "model": loaded.name,
         "weights_digest": weights_digest,
         "artifact_sha256": artifact_digest(path),
         "preprocessing": preprocessing(loaded),
         "cpu_int8_class": this_cpu().name,
         "runtime": runtime_version(backend),
+        "code": code_fingerprint(),
     }
+    if threads is not None:
+        bound["threads"] = threads
+    return bound
 
 
 _WHY = {
@@ -119,6 +127,8 @@ _WHY = {
     "preprocessing": "the preprocessing changed",
     "cpu_int8_class": "it was judged on a CPU of another INT8 class",
     "runtime": "it was judged with another runtime version",
+    "code": "it was judged by other code (another version of batchserve)",
+    "threads": "it was judged with the runtime on another number of threads",
 }
 
 
@@ -126,7 +136,7 @@ def reasons_to_rejudge(
     report: dict[str, Any] | None, bound_to: dict[str, Any], bounds: Bounds
 ) -> list[str]:
     """Why a stored report's figures cannot decide for this start-up (empty: they can)."""
-    if report is None:
+    if report is None or not _readable(report):
         return ["there is no readable report"]
     reasons = [
         f"{_WHY[key]} ({report.get(key)!r}, here {value!r})"
@@ -137,6 +147,20 @@ def reasons_to_rejudge(
     if stricter:
         reasons.append(f"the settings ask for stricter bounds ({', '.join(stricter)})")
     return reasons
+
+
+_FIGURES = ("confident_top1_agreement", "plausible_top1", "mean_total_variation",
+            "max_probability_difference", "top1_agreement")  # fmt: skip
+
+
+def _readable(report: dict[str, Any]) -> bool:
+    """Whether a report holds what the gate judges by: its figures as numbers (a report of a
+    build where no candidate was judged holds its failures instead)."""
+    if "top1_agreement" not in report:
+        failures = report.get("failures")
+        return isinstance(failures, list) and all(isinstance(each, str) for each in failures)
+    return all(isinstance(report.get(key), int | float) and not isinstance(report.get(key), bool)
+               for key in _FIGURES)  # fmt: skip
 
 
 def int8_failures(report: dict[str, Any], bounds: Bounds) -> list[str]:

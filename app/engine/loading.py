@@ -7,6 +7,7 @@ import difflib
 import importlib
 import logging
 import os
+import threading
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
@@ -31,6 +32,36 @@ class ModelLoadError(RuntimeError):
     """The model, its weights or its labels cannot be used; the message says why and what to do."""
 
 
+class ContentCheck:
+    """The checkpoint's sha256, hashed in a thread from now on (hashlib releases the GIL, and a
+    runtime compiling beside it too), against the one a model card recorded."""
+
+    def __init__(self, path: Path, expected: str) -> None:
+        from concurrent.futures import Future
+
+        from app.engine.artifacts import file_sha256
+
+        self.path = path
+        self.expected = expected
+        self._digest: Future[str] = Future()
+
+        def run() -> None:
+            try:
+                self._digest.set_result(file_sha256(path))
+            except BaseException as exc:
+                self._digest.set_exception(exc)
+
+        threading.Thread(target=run, name="checkpoint-digest", daemon=True).start()
+
+    def changed(self) -> bool:
+        """Whether the checkpoint's content is not what the card recorded (unreadable
+        counts as changed: building from it will say why)."""
+        try:
+            return self._digest.result() != self.expected
+        except OSError:
+            return True
+
+
 class LoadedModel:
     """A model: its name, weights, labels and evaluation transform, and its eager module.
 
@@ -49,6 +80,7 @@ class LoadedModel:
         *,
         build: Callable[[], nn.Module] | None = None,
         digest: str | None = None,
+        content: ContentCheck | None = None,
     ) -> None:
         if module is None and build is None:
             raise ValueError("a module, or a way to build it")
@@ -59,6 +91,12 @@ class LoadedModel:
         self.digest = digest
         self._module = module
         self._build = build
+        self._content = content
+
+    def stale(self) -> bool:
+        """Whether this model came from a card whose checkpoint has changed since (same path,
+        size and modification time, other bytes): what the card named must not serve."""
+        return self._content is not None and self._content.changed()
 
     @property
     def module(self) -> nn.Module:

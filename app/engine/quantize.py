@@ -333,7 +333,13 @@ def build_int8(
         for index, data in enumerate(judged_on):
             (stored / f"{index:04d}").write_bytes(data)
         report = {
-            **binding(loaded, loaded_digest(loaded), scratch / runtime.file, settings.backend),
+            **binding(
+                loaded,
+                loaded_digest(loaded),
+                scratch / runtime.file,
+                settings.backend,
+                runtime.threads,
+            ),
             **figures,
             "backend": settings.backend,
             "weights": loaded.weights,
@@ -377,7 +383,9 @@ def judge_stored(settings: Settings, loaded: LoadedModel, path: Path) -> dict[st
     again on the held-out images stored beside it. What ``/v1/models`` shows of it."""
     bounds = int8_bounds(settings)
     report = read_json(path.parent / REPORT)
-    bound_to = binding(loaded, loaded_digest(loaded), path, settings.backend)
+    bound_to = binding(
+        loaded, loaded_digest(loaded), path, settings.backend, settings.intra_op_threads
+    )
     reasons = reasons_to_rejudge(report, bound_to, bounds)
     if report is not None and not reasons:
         figures = report

@@ -1,8 +1,9 @@
 """The start-up check: an engine against eager PyTorch in fp32 on the warm-up images, within
 its precision's bounds, before it may serve. The verdict of a check that passed is kept beside
-the artefact, bound to its sha256, the weights, the preprocessing, the runtime's version, the
-CPU's INT8 class, the precision, the device and the bounds: a later start that finds it serves
-without building the eager model again.
+the artefact, bound to its sha256, the weights, the preprocessing, the runtime's version and
+its options (threads, hints, optimisation level), the CPU's INT8 class, the precision, the
+device, the bounds and the code: a later start that finds it serves without building the
+eager model again.
 """
 
 from __future__ import annotations
@@ -15,13 +16,15 @@ from pathlib import Path
 from typing import Any
 
 import torch
+from pydantic import BaseModel
 
-from app.engine.artifacts import keep_json, read_json
+from app.engine.artifacts import keep_json
 from app.engine.backends import Backend
 from app.engine.device import cpu_supports_bf16
 from app.engine.engine import InferenceEngine
 from app.engine.errors import CheckFailedError
 from app.engine.gate import CHECK_BOUNDS, compare, eager_reference, judged, probabilities
+from app.engine.kept import read_kept
 from app.engine.loading import LoadedModel, loaded_digest
 from app.engine.warmup import warmup_images
 from app.startup import Phases
@@ -29,6 +32,13 @@ from app.startup import Phases
 logger = logging.getLogger("batchserve")
 
 CHECK_RECORD = "startup-check.json"  # beside the artefact that serves
+
+
+class CheckRecord(BaseModel):
+    """A kept verdict, as it must read back."""
+
+    bound_to: dict[str, Any]
+    report: dict[str, Any]
 
 
 def is_checked(backend: Backend) -> bool:
@@ -80,6 +90,7 @@ def check_binding(engine: InferenceEngine, loaded: LoadedModel, device: torch.de
         **binding(loaded, loaded_digest(loaded), path, engine.backend.name),
         "precision": engine.precision, "device": device.type,
         "bounds": dataclasses.asdict(CHECK_BOUNDS[engine.precision]),
+        "options": engine.backend.options(),
     }  # fmt: skip
     if engine.precision == "bf16":  # native kernels and their emulation round differently
         bound["native_bf16"] = cpu_supports_bf16()
@@ -90,12 +101,11 @@ def kept_check(record: Path, bound_to: Any) -> dict[str, Any] | None:
     """The verdict of an earlier start-up check of this very artefact here (``record`` holds
     it, bound to what ``check_binding`` says), if there is one: a later start serves without
     running eager PyTorch beside it again."""
-    kept = read_json(record)
-    if kept is None or kept.get("bound_to") != bound_to:
+    kept = read_kept(record, CheckRecord, "start-up check")
+    if kept is None or kept.bound_to != bound_to or not kept.report.get("passed"):
         return None
     logger.info("the start-up check of this artefact passed before (%s)", record)
-    report: dict[str, Any] = {**kept["report"], "reused": True}
-    return report
+    return {**kept.report, "reused": True}
 
 
 def json_ready(value: Any) -> Any:

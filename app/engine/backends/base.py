@@ -58,6 +58,12 @@ class Backend(ABC):
         """Get ready to serve these batch sizes (capture graphs, tune kernels): called once,
         before the warm-up batches."""
 
+    def options(self) -> dict[str, Any]:
+        """How the runtime is configured where that can change its answers or its speed
+        (threads, hints, optimisation levels): what a kept verdict or gate report is bound
+        to beside the artefact itself."""
+        return {"name": self.name, "variant": self.variant, "precision": self.precision}
+
     def describe(self) -> dict[str, Any]:
         """What ``/v1/models`` shows about this backend."""
         described: dict[str, Any] = {"name": self.name, "variant": self.variant,

@@ -64,6 +64,9 @@ class OnnxRuntimeBackend(Backend):
         options.add_session_config_entry("session.intra_op.allow_spinning", "0")
         self.providers = providers(device, path, precision)
         self.session = ort.InferenceSession(str(path), options, providers=self.providers)
+        self._options = {"graph_optimization_level": str(options.graph_optimization_level),
+                         "intra_op_threads": threads, "inter_op_threads": 1,
+                         "execution_mode": str(options.execution_mode)}  # fmt: skip
         running = self.session.get_providers()
         if precision == "fp16" and running[:1] != ["TensorrtExecutionProvider"]:
             raise StartupError(
@@ -97,6 +100,9 @@ class OnnxRuntimeBackend(Backend):
                             tuple(logits.shape), logits.data_ptr())  # fmt: skip
         self.session.run_with_iobinding(binding)
         return logits
+
+    def options(self) -> dict[str, Any]:
+        return {**super().options(), **self._options, "providers": self.session.get_providers()}
 
     def describe(self) -> dict[str, Any]:
         return {**super().describe(), "artifact": str(self.path),

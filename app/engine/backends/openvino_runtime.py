@@ -50,6 +50,7 @@ class OpenVinoBackend(Backend):
             config["NUM_STREAMS"] = concurrent_batches
         core = ov.Core()
         self.compiled = core.compile_model(core.read_model(str(path)), "CPU", config)
+        self._config = {key: str(value) for key, value in config.items()}
         self.serialized = self.hint == "LATENCY"
         self._requests: queue.SimpleQueue[Any] = queue.SimpleQueue()
         for _ in range(max(1, concurrent_batches)):
@@ -67,6 +68,9 @@ class OpenVinoBackend(Backend):
             return torch.from_numpy(logits.copy())  # the request's buffer is reused
         finally:
             self._requests.put(request)
+
+    def options(self) -> dict[str, Any]:
+        return {**super().options(), **self._config}
 
     def describe(self) -> dict[str, Any]:
         return {**super().describe(), "artifact": str(self.path), "hint": self.hint}

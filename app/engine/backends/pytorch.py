@@ -92,6 +92,9 @@ class TorchBackend(Backend):
         logits: torch.Tensor = self.model(batch)
         return logits
 
+    def options(self) -> dict[str, Any]:
+        return {**super().options(), "threads": torch.get_num_threads()}
+
     def describe(self) -> dict[str, Any]:
         return {**super().describe(), "compile": self.compile_mode,
                 "cuda_graphs": self.graph_buckets}  # fmt: skip
