@@ -11,9 +11,11 @@ While the imports run, collecting is pointless (nothing they make is garbage yet
 0.2-0.4 s of a cold start, so ``app.main`` defers collection until ``create_app`` has built
 the application.
 
-A model version that is unloaded leaves frozen objects behind, some of them in reference
-cycles that only the collector can free; each unload therefore thaws the heap, collects and
-freezes again.
+A model version that is unloaded leaves frozen objects behind. Reference counting frees its
+engine, runtime sessions and batcher at once; what is left in reference cycles (small: a
+version's bookkeeping) only the collector can free, so after an unload or a reload the
+registry thaws the heap, collects and freezes again, but only once no model has a request
+admitted, queued or computing: the full collection holds the GIL for tenths of a second.
 """
 
 from __future__ import annotations

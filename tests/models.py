@@ -176,3 +176,21 @@ class OverlapProbe(ColorClassifier):
 
 def overlap_probe() -> nn.Module:
     return OverlapProbe()
+
+
+class Ballast(ColorClassifier):
+    """The colour classifier carrying ``BATCHSERVE_TEST_BALLAST_MIB`` of weights that do
+    nothing, and taking ``BATCHSERVE_TEST_BUILD_SECONDS`` to build: a large model that loads
+    slowly, whose memory shows whether a version was freed."""
+
+    def __init__(self, ballast_mib: float) -> None:
+        super().__init__()
+        elements = int(ballast_mib * 1024 * 1024 / 4)
+        self.register_buffer("ballast", torch.ones(elements))  # touched: resident
+
+
+def ballast_from_env() -> nn.Module:
+    import os
+
+    time.sleep(float(os.environ.get("BATCHSERVE_TEST_BUILD_SECONDS", "0")))
+    return Ballast(float(os.environ.get("BATCHSERVE_TEST_BALLAST_MIB", "0")))

@@ -6,6 +6,7 @@ drain on SIGTERM."""
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import io
 import socket
 import threading
@@ -23,7 +24,7 @@ from PIL import Image
 from benchmarks.servers import UvicornProcess
 from tests import images
 from tests.checks import scrape, wait_for
-from tests.repository import colour_repository
+from tests.repository import add_model, colour_repository
 
 grpcclient = pytest.importorskip("tritonclient.grpc")
 grpcaio = pytest.importorskip("tritonclient.grpc.aio")
@@ -615,3 +616,50 @@ def test_large_tensors_are_read_off_the_event_loop() -> None:
             prober.join()
     assert codes == [grpc.StatusCode.OK] * 8
     assert max(waits) < 1.0, f"/healthz waited {max(waits):.2f} s"
+
+
+def resident_mib(pid: int) -> float:
+    for line in Path(f"/proc/{pid}/status").read_text().splitlines():
+        if line.startswith("VmRSS:"):
+            return int(line.split()[1]) / 1024
+    raise AssertionError("no VmRSS")
+
+
+@pytest.mark.slow
+def test_a_load_whose_client_gives_up_finishes_and_leaves_nothing_behind(tmp_path: Path) -> None:
+    """A reload of two versions (1 s each to build, 128 MiB each), its client's deadline at
+    1.5 s: the load goes on without it, the two new versions serve, once each, and the memory
+    of the old ones and of nothing else is held."""
+    root = tmp_path / "models"
+    add_model(root, "heavy", (1, 2), model="tests.models:ballast_from_env", compile="none",
+              version_policy="all")  # fmt: skip
+    env = {**BASE_ENV, "BATCHSERVE_MODEL_REPOSITORY": str(root),
+           "BATCHSERVE_MODEL_CONTROL": "explicit", "BATCHSERVE_LOAD_MODELS": "heavy",
+           "BATCHSERVE_TEST_BUILD_SECONDS": "1.0",
+           "BATCHSERVE_TEST_BALLAST_MIB": "128"}  # fmt: skip
+    with UvicornProcess(env) as server:
+        assert server.process is not None
+        client = grpcclient.InferenceServerClient(server.grpc_target)
+        try:
+            before = resident_mib(server.process.pid)
+            gave_up = status_of(lambda: client.load_model("heavy", client_timeout=1.5))
+            assert gave_up == "StatusCode.DEADLINE_EXCEEDED"
+
+            def settled() -> bool:
+                index = client.get_model_repository_index(as_json=True)["models"]
+                return sorted((m["version"], m["state"]) for m in index) == [
+                    ("1", "READY"), ("2", "READY"),
+                ]  # fmt: skip
+
+            time.sleep(1.0)  # the second version is building (or, cancelled, was)
+            wait_for(settled, timeout=30)
+            pid = server.process.pid
+            with contextlib.suppress(AssertionError):  # until the old versions are freed
+                wait_for(lambda: resident_mib(pid) - before < 64, timeout=20)
+            after = resident_mib(pid)
+            reply = client.infer("heavy", [image_input(PICTURES[:1])], model_version="2")
+            assert reply.as_numpy("probabilities").shape == (1, 12)
+            assert "loading heavy failed" not in server.read_output()
+        finally:
+            client.close()
+    assert after - before < 64, f"{after - before:.0f} MiB more after the reload"

@@ -16,8 +16,11 @@ from pathlib import Path
 
 import pytest
 
+from app import heap
 from app.engine import InferenceEngine
+from tests import images
 from tests.conftest import COLOR_MODEL, make_settings, serve
+from tests.fakes import until
 from tests.repository import colour_repository
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -85,3 +88,41 @@ async def test_an_unload_during_a_warm_up_after_ready_still_frees_the_engine(
         unloaded = await client.post("/v2/repository/models/colors/unload")
         assert unloaded.status_code == 200, unloaded.text
         assert retired() is None
+
+
+async def test_a_reload_under_traffic_collects_only_once_nothing_is_served(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The full collection after a reload holds the GIL for tenths of a second: it waits for
+    a moment when no model has a request admitted, queued or computing."""
+    settings = make_settings(model_repository=colour_repository(tmp_path),
+                             model_control="explicit", load_models=("colors",))  # fmt: skip
+    busy_when_collected: list[int] = []
+    async with serve(settings) as (app, client):
+        admission = app.state.server.started().admission
+        collect = heap.collect_and_freeze
+
+        def recorded() -> None:
+            busy_when_collected.append(admission.requests)
+            collect()
+
+        monkeypatch.setattr(heap, "collect_and_freeze", recorded)
+        stop = asyncio.Event()
+        photo = images.jpeg()
+
+        async def traffic() -> None:
+            while not stop.is_set():
+                answer = await client.post("/predict", content=photo,
+                                           headers={"content-type": "image/jpeg"})  # fmt: skip
+                assert answer.status_code == 200, answer.text
+
+        clients = [asyncio.create_task(traffic()) for _ in range(8)]
+        await asyncio.sleep(0.2)
+        reloaded = await client.post("/v2/repository/models/colors/load")
+        assert reloaded.status_code == 200, reloaded.text
+        await asyncio.sleep(0.5)
+        assert busy_when_collected == []  # not while the clients keep it busy
+        stop.set()
+        await asyncio.gather(*clients)
+        await until(lambda: bool(busy_when_collected))
+    assert busy_when_collected == [0]

@@ -7,6 +7,7 @@ import asyncio
 import base64
 import os
 import shutil
+import threading
 from pathlib import Path
 from typing import Any
 
@@ -18,6 +19,7 @@ from app.serving.repository import RepositoryError, read_model, single_model
 from tests import images
 from tests.checks import metric
 from tests.conftest import make_settings, serve
+from tests.fakes import until
 from tests.models import OverlapProbe
 from tests.repository import add_model, add_version, colour_repository, toml
 
@@ -336,3 +338,28 @@ async def test_a_checkpoint_replaced_under_its_size_and_mtime_serves_its_new_wei
     assert [entry["index"] for entry in after] == [entry["index"] for entry in expected]
     for got, want in zip(after, expected, strict=True):
         assert got["score"] == pytest.approx(want["score"], abs=1e-5)
+
+
+async def test_a_request_still_decoding_when_the_drain_ends_is_answered_not_ready(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    root = tmp_path / "models"
+    add_model(root, "colors", (1,), model="tests.models:color_classifier")
+    settings = make_settings(model_repository=root, model_control="explicit",
+                             load_models=("colors",), drain_timeout_s=0)  # fmt: skip
+    async with serve(settings) as (app, client):
+        predictor = app.state.server.predictor
+        held = threading.Event()
+        # Every decode thread busy: the request waits for one, admitted and not yet queued.
+        blockers = [asyncio.ensure_future(predictor.decoding.run(0, held.wait))
+                    for _ in range(settings.decode_threads)]  # fmt: skip
+        request = asyncio.ensure_future(predict(client))
+        await until(lambda: predictor.decoding.waiting == 1)
+        unloaded = await client.post("/v2/repository/models/colors/unload")
+        assert unloaded.status_code == 200
+        held.set()
+        await asyncio.gather(*blockers)
+        answer = await request
+    assert answer.status_code == 503, answer.text
+    assert answer.json()["error"]["code"] == "not_ready"
+    assert "unhandled" not in caplog.text.lower()

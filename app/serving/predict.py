@@ -21,13 +21,14 @@ import numpy as np
 import torch
 
 from app.engine import InferenceEngine, InferenceRequest, Prediction
-from app.errors import InvalidInputError, InvalidParameterError, OverloadedError
+from app.errors import InvalidInputError, InvalidParameterError, NotReadyError, OverloadedError
 from app.metrics import Metrics
 from app.serving.admission import Admission, Ticket
 from app.serving.decoding import PriorityPool
 from app.serving.registry import Registry
 from app.serving.version import ModelVersion
 from app.settings import Settings
+from batching import DynamicBatcher
 from batching.threads import LoopThreads
 from preprocessing import Buffer, PreparedImage, prepare_normalized, prepare_pixels
 
@@ -63,8 +64,22 @@ class Admitted:
     @property
     def engine(self) -> InferenceEngine:
         engine = self.version.engine
-        assert engine is not None  # a version admits only while it serves
+        if engine is None:
+            raise self._gone()
         return engine
+
+    @property
+    def batcher(self) -> DynamicBatcher[InferenceRequest, Prediction]:
+        """The version's batcher; ``NotReadyError`` once it is closed (a version admits only
+        while it serves, but its drain may end while a request it admitted still decodes)."""
+        batcher = self.version.batcher
+        if batcher is None:
+            raise self._gone()
+        return batcher
+
+    def _gone(self) -> NotReadyError:
+        version = self.version
+        return NotReadyError(f"{version.name} is {version.reason}", headers={"Retry-After": "1"})
 
     def close(self) -> None:
         if self._open:
@@ -113,8 +128,6 @@ class Predictor:
         priority of the same model, which is answered ``overloaded`` in its place."""
         serving = self.registry.resolve(model, version)
         if not serving.ready:
-            from app.errors import NotReadyError
-
             raise NotReadyError(f"{serving.name} is {serving.reason}",
                                 headers={"Retry-After": "1"})  # fmt: skip
         declared = min(declared_bytes, self.settings.max_image_bytes)
@@ -158,8 +171,7 @@ class Predictor:
         ``MAX_REQUEST_TIMEOUT_MS``)."""
         if timeout_s is not None and (not math.isfinite(timeout_s) or timeout_s <= 0):
             raise InvalidParameterError("the timeout must be a positive number")
-        batcher = admitted.version.batcher
-        assert batcher is not None
+        batcher = admitted.batcher
         waited = time.perf_counter() - arrived
         settings = admitted.version.settings
         # A client may shorten its deadline at will, but lengthen it only up to the cap.
@@ -242,8 +254,7 @@ class Predictor:
         ``cancelled()`` returns completes first (the caller went away). The other items are
         withdrawn as soon as one fails or the caller goes away. Each prediction ranks
         ``top_k`` classes, and with ``dense`` carries every class's probability too."""
-        batcher = admitted.version.batcher
-        assert batcher is not None
+        batcher = admitted.batcher
         # The ticket hands its bytes to the batcher in one step (nothing is awaited in
         # between), so that admission never sees them counted twice or not at all.
         admitted.ticket.close()

@@ -15,8 +15,8 @@ from __future__ import annotations
 import asyncio
 import logging
 import threading
-from collections.abc import Callable
-from typing import Any
+from collections.abc import Callable, Coroutine
+from typing import Any, TypeVar
 
 from app import heap
 from app.errors import NotFoundError, NotReadyError, ServiceError
@@ -27,6 +27,10 @@ from app.serving.version import ModelVersion, VersionState
 from app.settings import Settings
 
 logger = logging.getLogger("batchserve")
+
+Outcome = TypeVar("Outcome")
+# How often a collection waiting for an idle moment looks.
+IDLE_POLL_S = 0.25
 
 
 class LoadError(ServiceError):
@@ -55,6 +59,8 @@ class Registry:
         self._locks: dict[str, asyncio.Lock] = {}
         self._device_locks: dict[str, threading.Lock] = {}
         self._names: list[str] | None = None  # the repository's models, as last listed
+        self._tasks: set[asyncio.Future[Any]] = set()  # loads and unloads under way
+        self._collection: asyncio.Future[None] | None = None  # waiting for an idle moment
 
     # -- what exists -------------------------------------------------------------------
 
@@ -133,7 +139,25 @@ class Registry:
 
     async def load(self, name: str) -> None:
         """Load ``name`` or reload it (its config and versions read now); ``LoadError`` when
-        any version fails, the serving ones untouched."""
+        any version fails, the serving ones untouched. The load is the registry's own task:
+        a caller that goes away (a gRPC client's deadline cancels its handler) stops waiting
+        for it, never the load itself, which finishes (or cleans up) as if it had stayed."""
+        await self._owned(self._load(name))
+
+    async def unload(self, name: str) -> None:
+        """Stop serving ``name``: its versions answer what they accepted, then go (the
+        registry's own task, as a load is)."""
+        if await self._owned(self._unload(name)):
+            self._collect_when_idle()
+
+    async def _owned(self, work: Coroutine[Any, Any, Outcome]) -> Outcome:
+        """Run ``work`` as a task of the registry's, shielded from the caller's cancellation."""
+        task = asyncio.ensure_future(work)
+        self._tasks.add(task)
+        task.add_done_callback(self._tasks.discard)
+        return await asyncio.shield(task)
+
+    async def _load(self, name: str) -> None:
         async with self._lock(name):
             spec = self.spec(name)
             if not spec.versions:
@@ -148,13 +172,17 @@ class Registry:
                     )  # fmt: skip
                     built.append(version)
                     await version.load(self._device_lock(version), self._batching_failed)
-            except Exception as exc:
-                logger.error("loading %s failed: %s", name, exc)
+            except BaseException as exc:
+                # Cancelled too (the process is stopping): no version built here may be left
+                # with its engine and batcher, neither serving nor unloaded.
+                logger.error("loading %s failed: %s", name, exc or type(exc).__name__)
                 for version in built:
                     await version.unload(0, "discarded: the load failed")
                 if name not in self._serving:
                     self._history[name] = [version.describe() for version in built]
-                heap.collect_and_freeze()
+                self._collect_when_idle()
+                if not isinstance(exc, Exception):
+                    raise
                 raise LoadError(f"cannot load {name!r}: {exc}") from exc
             finally:
                 self._loading.pop(name, None)
@@ -166,15 +194,9 @@ class Registry:
             self._history.pop(name, None)
             kept = {version.version for version in built}
             await self._retire(name, list(previous.values()), kept, "replaced by a reload")
+            heap.freeze()  # the new versions live until they are unloaded
             if previous:
-                heap.collect_and_freeze()
-            else:
-                heap.freeze()  # the new versions live until they are unloaded
-
-    async def unload(self, name: str) -> None:
-        """Stop serving ``name``: its versions answer what they accepted, then go."""
-        if await self._unload(name):
-            heap.collect_and_freeze()
+                self._collect_when_idle()
 
     async def _unload(self, name: str) -> bool:
         """Whether ``name`` served and is now unloaded."""
@@ -188,8 +210,38 @@ class Registry:
             self._history[name] = [version.describe() for version in versions.values()]
             return True
 
+    def _collect_when_idle(self) -> None:
+        """Once every model is idle, free what unloaded versions left in reference cycles
+        among the frozen objects (``heap``). Their engines, runtimes and batchers are freed
+        by reference counting as soon as they go; what waits is small, and a full collection
+        holds the GIL for a few tenths of a second: never while a request is in the way."""
+        if self._collection is None or self._collection.done():
+            self._collection = asyncio.ensure_future(self._collect_once_idle())
+
+    async def _collect_once_idle(self) -> None:
+        while True:  # polled: idleness is a state of every model's queues, not an event
+            if self._idle():
+                break
+            await asyncio.sleep(IDLE_POLL_S)
+        heap.collect_and_freeze()
+
+    def _idle(self) -> bool:
+        """Nothing admitted, queued or computing, in any model."""
+        if self.admission.requests:
+            return False
+        return all(version.batcher is None or (version.batcher.queue_depth == 0
+                                               and version.batcher.inflight_batches == 0)
+                   for versions in self._serving.values()
+                   for version in versions.values())  # fmt: skip
+
     async def aclose(self) -> None:
-        """Unload every model (the process is stopping)."""
+        """Unload every model (the process is stopping): loads still under way are cancelled
+        first, and clean up what they built."""
+        if self._collection is not None:
+            self._collection.cancel()
+        for task in list(self._tasks):
+            task.cancel()
+        await asyncio.gather(*self._tasks, return_exceptions=True)
         for name in list(self._serving):
             await self._unload(name)  # no collection: the lifespan thaws the heap next
 
@@ -205,7 +257,12 @@ class Registry:
     ) -> None:
         timeout = self.settings.drain_timeout_s
         batchers = [version.batcher for version in versions]
-        await asyncio.gather(*(version.unload(timeout, reason) for version in versions))
+        try:
+            await asyncio.gather(*(version.unload(timeout, reason) for version in versions))
+        except BaseException:  # cancelled (the process is stopping): no drain, but no leak
+            for version in versions:
+                await version.unload(0, reason)
+            raise
         for version, batcher in zip(versions, batchers, strict=True):
             if batcher is not None:
                 self.admission.remove(name, batcher)

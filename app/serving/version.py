@@ -11,7 +11,6 @@ import asyncio
 import contextlib
 import dataclasses
 import enum
-import gc
 import logging
 import threading
 import time
@@ -179,8 +178,9 @@ class ModelVersion:
             await self.batcher.aclose(drain_timeout_s)
         self.batcher = None
         self.engine = None
+        # Reference counting frees the engine's tensors and runtime sessions now; the
+        # registry collects what is left in cycles once nothing is being served.
         self.state, self.reason = VersionState.UNAVAILABLE, reason
-        gc.collect()  # the engine's tensors and runtime sessions, now rather than later
         logger.info("%s %s", self.name, reason)
 
     def describe(self) -> dict[str, Any]:
