@@ -14,6 +14,7 @@ import enum
 import logging
 import threading
 import time
+import weakref
 from typing import Any
 
 from app.engine import InferenceEngine, InferenceRequest, Prediction, build_engine
@@ -134,7 +135,10 @@ class ModelVersion:
                 if batcher.queue_depth == 0 and batcher.inflight_batches == 0:
                     break
                 await asyncio.sleep(0.05)
-            warming = asyncio.ensure_future(asyncio.to_thread(engine.warmup, (size,)))
+            # The thread pool's work item outlives the job by a moment: it holds only a weak
+            # reference, so that an unload frees the engine as soon as the job is done.
+            warming = asyncio.ensure_future(asyncio.to_thread(_warm, weakref.ref(engine), size))
+            del engine
             try:
                 measured = await asyncio.shield(warming)
             except asyncio.CancelledError:
@@ -186,6 +190,12 @@ class ModelVersion:
     def describe(self) -> dict[str, Any]:
         return {"name": self.model, "version": str(self.version), "state": self.state.value,
                 "reason": self.reason}  # fmt: skip
+
+
+def _warm(engine: weakref.ref[InferenceEngine], size: int) -> dict[int, float]:
+    """Warm up one batch size of the engine, if it still exists."""
+    alive = engine()
+    return alive.warmup((size,)) if alive is not None else {}
 
 
 def warmup_sizes(choice: str, engine: InferenceEngine) -> tuple[tuple[int, ...], tuple[int, ...]]:
