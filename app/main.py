@@ -157,9 +157,11 @@ def _lifespan(server: ServerState):  # type: ignore[no-untyped-def]
         finally:
             drain.uninstall()
             lifecycle.drain()
-            if grpc_front is not None:  # after a SIGTERM drain, nothing is left to wait for
-                await grpc_front.stop(settings.drain_timeout_s)
-            await registry.aclose()
+            # What is left of DRAIN_TIMEOUT_S since SIGTERM: after its drain, little is left
+            # to wait for, and the whole shutdown must fit in the pod's grace period.
+            if grpc_front is not None:
+                await grpc_front.stop(drain.remaining_s())
+            await registry.aclose(drain.remaining_s())
             decode_threads.shutdown()
             parse_threads.shutdown()
             lifecycle.stop()

@@ -50,3 +50,13 @@ def wait_for(condition: Callable[[], bool], timeout: float = 10.0) -> None:
         if time.monotonic() > deadline:
             raise AssertionError("condition not reached in time")
         time.sleep(0.02)
+
+
+def assert_graceful_exit(server: UvicornProcess, code: int) -> None:
+    """The process ended by its own shutdown: uvicorn ran the lifespan's to its end (and says
+    so), then re-raised the SIGTERM it handled, which its parent sees as -15 (or 0). A process
+    killed by the signal without handling it also shows -15, but never that line."""
+    output = server.read_output()
+    assert code in (0, -15), output
+    assert "Application shutdown complete." in output, output[-3000:]
+    assert "Traceback" not in output, output[-3000:]

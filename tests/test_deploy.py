@@ -338,3 +338,102 @@ def test_kserve_serverless_scales_to_zero_on_one_port() -> None:
     assert env["BATCHSERVE_GRPC_PORT"] == "0"
     (mount,) = [m for m in container["volumeMounts"] if m["name"] == "artifacts"]
     assert mount["readOnly"] is True
+
+
+ALL_OVERLAYS = [*OVERLAYS, "scale-to-zero"]
+KSERVE = ["inferenceservice.yaml", "inferenceservice-serverless.yaml"]
+EXIT_MARGIN_S = 5  # the process's own exit after the lifespan
+
+
+def pod_specs(documents: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """Every pod template of the documents: Deployments' and Jobs', KServe predictors'."""
+    pods = []
+    for document in documents:
+        if document["kind"] in ("Deployment", "Job"):
+            pods.append(document["spec"]["template"]["spec"])
+        elif document["kind"] == "InferenceService":
+            pods.append(document["spec"]["predictor"])
+    return pods
+
+
+def references(pod: dict[str, Any]) -> set[tuple[str, str]]:
+    """The (kind, name) of every claim, secret and config map a pod needs to start."""
+    found = set()
+    for volume in pod.get("volumes", []):
+        if "persistentVolumeClaim" in volume:
+            found.add(("PersistentVolumeClaim", volume["persistentVolumeClaim"]["claimName"]))
+        if "secret" in volume:
+            found.add(("Secret", volume["secret"]["secretName"]))
+        if "configMap" in volume:
+            found.add(("ConfigMap", volume["configMap"]["name"]))
+    for container in pod["containers"]:
+        for source in container.get("envFrom", []):
+            for kind, key in (("ConfigMap", "configMapRef"), ("Secret", "secretRef")):
+                if key in source and not source[key].get("optional"):
+                    found.add((kind, source[key]["name"]))
+        for variable in container.get("env", []):
+            for kind, key in (("ConfigMap", "configMapKeyRef"), ("Secret", "secretKeyRef")):
+                ref = variable.get("valueFrom", {}).get(key)
+                if ref is not None and not ref.get("optional"):
+                    found.add((kind, ref["name"]))
+    return found
+
+
+def prerequisites() -> set[str]:
+    """The names the README's Kubernetes section lists as prerequisites."""
+    readme = (ROOT / "README.md").read_text()
+    section = readme.split("### Kubernetes", 1)[1].split("\n### ", 1)[0]
+    listed = section.split("**Prerequisites**", 1)[1].split("\n\n", 2)[1]
+    return {re.findall(r"`([a-z0-9.-]+)`", line)[0] for line in listed.splitlines()
+            if line.startswith("- ")}  # fmt: skip
+
+
+def image_graceful_shutdown_s() -> float:
+    """uvicorn's ``--timeout-graceful-shutdown`` in the image's command."""
+    (command,) = [line for line in (ROOT / "Dockerfile").read_text().splitlines()
+                  if line.startswith("CMD ")]  # fmt: skip
+    arguments = json.loads(command.removeprefix("CMD "))
+    return float(arguments[arguments.index("--timeout-graceful-shutdown") + 1])
+
+
+def kserve_documents() -> list[dict[str, Any]]:
+    return [yaml.safe_load((KUBERNETES / "kserve" / name).read_text()) for name in KSERVE]
+
+
+@pytest.mark.parametrize("target", [*ALL_OVERLAYS, "kserve"])
+def test_every_layout_starts_in_an_empty_namespace(target: str) -> None:
+    """Every claim, secret and config map a pod references is defined beside it or named as
+    a prerequisite in the README; pretrained weights have somewhere writable to go; and the
+    shutdown (preStop, then DRAIN_TIMEOUT_S from SIGTERM, then uvicorn's graceful shutdown)
+    fits in the termination grace period."""
+    documents = kserve_documents() if target == "kserve" else rendered(target)
+    defined = {(document["kind"], document["metadata"]["name"]) for document in documents}
+    listed = prerequisites()
+    for pod in pod_specs(documents):
+        missing = {ref for ref in references(pod) if ref not in defined and ref[1] not in listed}
+        assert not missing, f"{target}: {missing} neither defined nor a README prerequisite"
+    drain = float(Settings.model_fields["drain_timeout_s"].default)
+    for document in documents:
+        if document["kind"] not in ("Deployment", "InferenceService"):
+            continue  # a Job runs to its end: it is not drained
+        (pod,) = pod_specs([document])
+        (container,) = pod["containers"]
+        env = {item["name"]: item.get("value") for item in container.get("env", [])}
+        if document["kind"] != "InferenceService":
+            env |= by_kind(documents, "ConfigMap")["data"]
+        drain = float(env.get("BATCHSERVE_DRAIN_TIMEOUT_S") or drain)
+        pause = 0.0
+        if "lifecycle" in container:
+            pause = float(container["lifecycle"]["preStop"]["exec"]["command"][1])
+        budget = pause + drain + image_graceful_shutdown_s() + EXIT_MARGIN_S
+        assert pod["terminationGracePeriodSeconds"] >= budget, (target, budget)
+        if env.get("BATCHSERVE_WEIGHTS", "pretrained") == "pretrained":
+            home = env.get("TORCH_HOME")
+            assert home is not None, f"{target}: no TORCH_HOME, and the root is read-only"
+            mounts = [mount for mount in container["volumeMounts"]
+                      if home.startswith(mount["mountPath"] + "/")]  # fmt: skip
+            assert mounts, f"{target}: TORCH_HOME {home} is on no volume"
+            if not mounts[0].get("readOnly"):
+                continue  # downloaded at start into a writable cache
+            # Read-only: a Job of the layout fills that volume first.
+            assert target in ("scale-to-zero", "kserve"), target

@@ -23,7 +23,7 @@ from PIL import Image
 
 from benchmarks.servers import UvicornProcess
 from tests import images
-from tests.checks import scrape, wait_for
+from tests.checks import assert_graceful_exit, scrape, wait_for
 from tests.repository import add_model, colour_repository
 
 grpcclient = pytest.importorskip("tritonclient.grpc")
@@ -361,7 +361,7 @@ def test_sigterm_drains_grpc_calls() -> None:
         assert serving == health_pb2.HealthCheckResponse.NOT_SERVING
         assert not ready
         assert refused == "StatusCode.UNAVAILABLE"
-        assert server.wait(timeout=20) in (0, -15), server.read_output()
+        assert_graceful_exit(server, server.wait(timeout=20))
         assert "Traceback" not in server.read_output()
 
 

@@ -174,37 +174,54 @@ async def test_without_explicit_control_the_api_does_not_load(tmp_path: Path) ->
 
 
 async def test_a_reload_under_load_answers_every_request(tmp_path: Path) -> None:
+    """Sixteen clients in a loop while version 2 is added and loaded: every request is
+    answered 200; version 1 answers until the switch and version 2 after it: every request sent
+    before the load began is answered by 1, every one sent after it returned by 2, and the
+    answers of each client switch once, from 1 to 2, never back."""
     root = tmp_path / "models"
     add_model(root, "colors", (1,), model="tests.models:color_classifier")
     settings = make_settings(model_repository=root, model_control="explicit")
-    versions: list[str] = []
+    sent: list[tuple[float, int, str]] = []  # (when sent, client, version answered)
     statuses: list[int] = []
-    reloaded = asyncio.Event()
+    done = asyncio.Event()
+    loaded_at = asyncio.get_running_loop().time() + 3600.0
 
-    async def client_loop(client: httpx.AsyncClient) -> None:
+    async def client_loop(client: httpx.AsyncClient, index: int) -> None:
+        loop = asyncio.get_running_loop()
         while True:
+            started = loop.time()
             response = await predict(client)
             statuses.append(response.status_code)
             if response.status_code == 200:
-                versions.append(response.json()["version"])
-            if reloaded.is_set() and versions and versions[-1] == "2":
+                sent.append((started, index, response.json()["version"]))
+            if done.is_set() and started > loaded_at:
                 return
             await asyncio.sleep(0.001)  # a quick refusal must not keep the loop to itself
 
     async with serve(settings) as (_, client):
-        clients = [asyncio.create_task(client_loop(client)) for _ in range(16)]
+        loop = asyncio.get_running_loop()
+        clients = [asyncio.create_task(client_loop(client, index)) for index in range(16)]
         await asyncio.sleep(0.3)
         add_version(root, "colors", 2, scale=-1.0)  # the latest version now
+        load_began = loop.time()
         response = await client.post("/v2/repository/models/colors/load")
         assert response.status_code == 200, response.text
-        reloaded.set()
+        loaded_at = loop.time()
+        done.set()
         await asyncio.wait_for(asyncio.gather(*clients), 60)
         index = (await client.post("/v2/repository/index")).json()
     assert set(statuses) == {200}
-    assert versions[0] == "1"
-    assert versions[-1] == "2"
-    switched = versions.index("2")
-    assert set(versions[switched:]) <= {"1", "2"}  # requests accepted by 1 finish on 1
+    before = [version for started, _, version in sent if started < load_began]
+    after = [version for started, _, version in sent if started > loaded_at]
+    assert before
+    assert set(before) == {"1"}
+    assert after
+    assert set(after) == {"2"}
+    for each in range(16):
+        answers = [version for _, client_index, version in sorted(sent) if client_index == each]
+        switched = answers.index("2")
+        assert set(answers[:switched]) == {"1"}
+        assert set(answers[switched:]) == {"2"}, f"client {each} went back to version 1"
     assert [(e["version"], e["state"]) for e in index] == [("2", "READY")]
 
 

@@ -5,6 +5,11 @@ uvicorn's own SIGTERM handling closes the listening socket at once, so a load ba
 reset. We run first: readiness turns 503, new predictions get 503 ``not_ready`` (still over
 HTTP), accepted ones finish (up to the drain timeout), and only then is uvicorn's handler
 called to close the sockets and run the lifespan shutdown.
+
+``DRAIN_TIMEOUT_S`` is one budget from SIGTERM to the end of the lifespan: the drain, the gRPC
+server's stop and the models' unloading share it (``remaining_s``), so that the preStop pause,
+the budget and uvicorn's own graceful shutdown add up to less than the pod's termination grace
+period.
 """
 
 from __future__ import annotations
@@ -13,6 +18,7 @@ import asyncio
 import logging
 import signal
 import threading
+import time
 from types import FrameType
 from typing import Any
 
@@ -31,6 +37,14 @@ class SigtermDrain:
         self._previous: Any = None
         self._installed = False
         self._task: asyncio.Task[None] | None = None
+        self._began: float | None = None  # when SIGTERM arrived (monotonic)
+
+    def remaining_s(self) -> float:
+        """What is left of the budget for the rest of the shutdown: counted from SIGTERM, or
+        all of it when the shutdown did not begin with one."""
+        if self._began is None:
+            return self._timeout_s
+        return max(0.0, self._timeout_s - (time.monotonic() - self._began))
 
     def install(self) -> None:
         if threading.current_thread() is not threading.main_thread():
@@ -53,6 +67,7 @@ class SigtermDrain:
         """Start draining (idempotent)."""
         if self._task is not None:
             return
+        self._began = time.monotonic()
         self._server.lifecycle.drain()
         logger.info("SIGTERM: draining %d request(s) in progress", self._server.active)
         self._task = asyncio.get_running_loop().create_task(self._drain_then_exit())

@@ -227,8 +227,9 @@ class Predictor:
             if array.ndim != 4 or array.shape[3] != 3 or array.dtype != np.uint8:
                 raise InvalidInputError("pixels must be UINT8 of shape [N, H, W, 3]")
 
+            pixels = torch.from_numpy(np.ascontiguousarray(array)).permute(0, 3, 1, 2)
+
             def resize() -> list[PreparedImage]:
-                pixels = torch.from_numpy(np.ascontiguousarray(array)).permute(0, 3, 1, 2)
                 return [prepare_pixels(image, engine.transform, engine.limits) for image in pixels]
 
             return await self.decoding.run(level, resize)

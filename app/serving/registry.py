@@ -198,7 +198,7 @@ class Registry:
             if previous:
                 self._collect_when_idle()
 
-    async def _unload(self, name: str) -> bool:
+    async def _unload(self, name: str, drain_timeout_s: float | None = None) -> bool:
         """Whether ``name`` served and is now unloaded."""
         async with self._lock(name):
             versions = self._serving.pop(name, None)
@@ -206,7 +206,8 @@ class Registry:
                 if name in self._history or name in self.refresh_names():
                     return False  # already unloaded: nothing to do, as Triton answers
                 raise NotFoundError(f"unknown model {name!r}")
-            await self._retire(name, list(versions.values()), set(), "unloaded")
+            await self._retire(name, list(versions.values()), set(), "unloaded",
+                               drain_timeout_s)  # fmt: skip
             self._history[name] = [version.describe() for version in versions.values()]
             return True
 
@@ -234,16 +235,18 @@ class Registry:
                    for versions in self._serving.values()
                    for version in versions.values())  # fmt: skip
 
-    async def aclose(self) -> None:
-        """Unload every model (the process is stopping): loads still under way are cancelled
-        first, and clean up what they built."""
+    async def aclose(self, drain_timeout_s: float | None = None) -> None:
+        """Unload every model (the process is stopping), each version answering what it
+        accepted within ``drain_timeout_s`` (None: ``DRAIN_TIMEOUT_S``): loads still under way
+        are cancelled first, and clean up what they built."""
         if self._collection is not None:
             self._collection.cancel()
         for task in list(self._tasks):
             task.cancel()
         await asyncio.gather(*self._tasks, return_exceptions=True)
         for name in list(self._serving):
-            await self._unload(name)  # no collection: the lifespan thaws the heap next
+            # No collection: the lifespan thaws the heap next.
+            await self._unload(name, drain_timeout_s)
 
     async def abort(self) -> None:
         """Answer every queued request of every version now (503): the drain timed out."""
@@ -253,9 +256,14 @@ class Registry:
                                if batcher is not None))  # fmt: skip
 
     async def _retire(
-        self, name: str, versions: list[ModelVersion], kept: set[int], reason: str
+        self,
+        name: str,
+        versions: list[ModelVersion],
+        kept: set[int],
+        reason: str,
+        drain_timeout_s: float | None = None,
     ) -> None:
-        timeout = self.settings.drain_timeout_s
+        timeout = self.settings.drain_timeout_s if drain_timeout_s is None else drain_timeout_s
         batchers = [version.batcher for version in versions]
         try:
             await asyncio.gather(*(version.unload(timeout, reason) for version in versions))

@@ -167,6 +167,7 @@ class ModelVersion:
         get 503), close the batcher and free the engine."""
         if self.state is VersionState.UNAVAILABLE:
             return
+        ends = time.monotonic() + drain_timeout_s  # one budget for the wait and the close
         self.state, self.reason = VersionState.UNLOADING, "unloading"
         self.metrics.ready(False)
         try:
@@ -179,7 +180,7 @@ class ModelVersion:
             with contextlib.suppress(asyncio.CancelledError):
                 await self._warming  # at most the one warm-up batch already running
         if self.batcher is not None:
-            await self.batcher.aclose(drain_timeout_s)
+            await self.batcher.aclose(max(0.0, ends - time.monotonic()))
         self.batcher = None
         self.engine = None
         # Reference counting frees the engine's tensors and runtime sessions now; the
