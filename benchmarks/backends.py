@@ -35,7 +35,7 @@ from benchmarks import wrk
 from benchmarks.common import machine, machine_markdown, median, table, write_results
 from benchmarks.compare import server_env, variants
 from benchmarks.corpus import corpus, generate
-from benchmarks.servers import UvicornProcess
+from harness.servers import UvicornProcess
 
 DEFAULT_CONFIGS = [
     "torch eager:compile=none",

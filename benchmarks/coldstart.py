@@ -32,7 +32,7 @@ from benchmarks.common import machine, machine_markdown, median, table, write_re
 from benchmarks.compare import server_env
 from benchmarks.corpus import generate
 from benchmarks.peer_servers import peer_server
-from benchmarks.servers import ROOT, ServerProcess, UvicornProcess, first_answer
+from harness.servers import ROOT, ServerProcess, UvicornProcess, first_answer
 
 HERE = "this checkout"
 

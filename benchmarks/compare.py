@@ -34,7 +34,7 @@ from benchmarks.common import (
 )
 from benchmarks.corpus import corpus
 from benchmarks.loadgen import LoadSpec, run_url
-from benchmarks.servers import UvicornProcess
+from harness.servers import UvicornProcess
 
 
 def server_env(model: str, precision: str, batch_size: int, **extra: str) -> dict[str, str]:

@@ -45,13 +45,13 @@ from benchmarks import accuracy, offline
 from benchmarks.common import RESULTS, machine, machine_markdown, table
 from benchmarks.corpus import generate
 from benchmarks.loadgen import LoadSpec, run
-from benchmarks.pipeline_checks import (
+from benchmarks.profile import profile_batches
+from harness.pipeline_checks import (
     ReportLog,
     concurrent_agreement,
     padding_cost,
     readback_overlap,
 )
-from benchmarks.profile import profile_batches
 from preprocessing import decode_cpu, read_header
 from preprocessing.device import decode_jpegs
 

@@ -33,7 +33,7 @@ from benchmarks.common import (
     table,
 )
 from benchmarks.corpus import corpus
-from benchmarks.servers import UvicornProcess
+from harness.servers import UvicornProcess
 
 PROTOCOLS = ("rest", "grpc")
 MODEL_NAME = "model"

@@ -37,7 +37,7 @@ import httpx
 
 from benchmarks.common import percentile, table
 from benchmarks.corpus import content_type, corpus
-from benchmarks.promtext import Samples, ServerDelta, from_response
+from harness.promtext import Samples, ServerDelta, from_response
 
 
 @dataclass

@@ -21,7 +21,7 @@ from typing import Any
 from benchmarks import wrk
 from benchmarks.common import machine, machine_markdown, median, table, write_results
 from benchmarks.corpus import corpus
-from benchmarks.servers import UvicornProcess
+from harness.servers import UvicornProcess
 
 
 def repository(root: Path, names: list[str], model: str, batch_size: int) -> Path:

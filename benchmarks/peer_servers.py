@@ -29,7 +29,7 @@ from benchmarks.backends import prepare_artifacts
 from benchmarks.common import machine, machine_markdown, median, table, write_results
 from benchmarks.compare import server_env, variants
 from benchmarks.corpus import corpus, generate
-from benchmarks.servers import ROOT, ServerProcess, UvicornProcess, first_answer, free_port
+from harness.servers import ROOT, ServerProcess, UvicornProcess, first_answer, free_port
 
 PEERS_DIR = ROOT / ".peers"
 # What each peer's environment installs, and how its server starts and says it is ready.

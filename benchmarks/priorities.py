@@ -30,7 +30,7 @@ from benchmarks.common import (
 from benchmarks.compare import server_env
 from benchmarks.corpus import corpus
 from benchmarks.loadgen import LoadSpec, run_url
-from benchmarks.servers import UvicornProcess
+from harness.servers import UvicornProcess
 
 
 async def both(url: str, images: list[bytes], rate: float, share: float,

@@ -35,7 +35,7 @@ from benchmarks.common import (
 from benchmarks.compare import server_env
 from benchmarks.corpus import content_type, corpus
 from benchmarks.offline import make_engine
-from benchmarks.servers import UvicornProcess
+from harness.servers import UvicornProcess
 
 # Server-Timing stages grouped the way the question is asked.
 GROUPS = {

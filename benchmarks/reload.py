@@ -24,8 +24,8 @@ import httpx
 from benchmarks import wrk
 from benchmarks.common import machine, machine_markdown, table, write_results
 from benchmarks.corpus import corpus
-from benchmarks.promtext import parse, value
-from benchmarks.servers import UvicornProcess
+from harness.promtext import parse, value
+from harness.servers import UvicornProcess
 
 
 def rss(url: str) -> float:

@@ -22,7 +22,7 @@ from benchmarks.common import machine, machine_markdown, median, model_arguments
 from benchmarks.compare import server_env
 from benchmarks.corpus import corpus
 from benchmarks.served_vs_limit import SETTLE_S, served_per_second, settings_of
-from benchmarks.servers import UvicornProcess
+from harness.servers import UvicornProcess
 
 
 def summary(pairs: list[dict[str, float]]) -> dict[str, float]:

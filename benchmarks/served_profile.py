@@ -40,7 +40,7 @@ from benchmarks.backends import offline
 from benchmarks.common import machine, machine_markdown, model_arguments, table, write_results
 from benchmarks.compare import server_env
 from benchmarks.corpus import corpus
-from benchmarks.servers import UvicornProcess
+from harness.servers import UvicornProcess
 
 # The package of a frame's file, innermost match first: batchserve's parts, then libraries.
 PACKAGES = (

@@ -39,8 +39,8 @@ from benchmarks.backends import engine_settings
 from benchmarks.common import machine, machine_markdown, median, model_arguments, publish, table
 from benchmarks.compare import server_env
 from benchmarks.corpus import corpus
-from benchmarks.promtext import value
-from benchmarks.servers import UvicornProcess
+from harness.promtext import value
+from harness.servers import UvicornProcess
 
 # A slice's first and last part stay out of its count (connections opening, a batch finishing).
 SETTLE_S = 1.0

@@ -24,7 +24,7 @@ from benchmarks.common import machine, machine_markdown, model_arguments, table,
 from benchmarks.compare import server_env
 from benchmarks.corpus import corpus
 from benchmarks.loadgen import LoadSpec, run_url
-from benchmarks.servers import UvicornProcess
+from harness.servers import UvicornProcess
 
 
 def rss_bytes(pid: int) -> int:

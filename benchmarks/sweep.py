@@ -29,7 +29,7 @@ from benchmarks.common import RESULTS, machine, machine_markdown, median, table,
 from benchmarks.compare import server_env, variants
 from benchmarks.corpus import corpus
 from benchmarks.loadgen import LoadSpec, run_url
-from benchmarks.servers import UvicornProcess
+from harness.servers import UvicornProcess
 
 DEFAULT_CONFIGS = [
     "batching off:max_batch_size=1",

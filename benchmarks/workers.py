@@ -29,7 +29,7 @@ from benchmarks.common import (
 )
 from benchmarks.compare import server_env
 from benchmarks.corpus import corpus
-from benchmarks.servers import UvicornProcess
+from harness.servers import UvicornProcess
 
 
 def drive(urls: list[str], images: list[bytes], clients: int, args: argparse.Namespace

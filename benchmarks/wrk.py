@@ -20,7 +20,7 @@ from typing import Any
 
 import httpx
 
-from benchmarks.promtext import Samples, ServerDelta, from_response
+from harness.promtext import Samples, ServerDelta, from_response
 
 _SCRIPT = r"""
 local bodies, types, counter = {}, {}, 0

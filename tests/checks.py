@@ -10,8 +10,8 @@ import httpx
 import pytest
 
 from app.engine import Prediction
-from benchmarks.promtext import has, parse, value
-from benchmarks.servers import UvicornProcess
+from harness.promtext import has, parse, value
+from harness.servers import UvicornProcess
 
 
 def assert_same_prediction(

@@ -16,7 +16,7 @@ import torch
 from benchmarks import accuracy, commits, gpu_check, handoff, offline, sweep
 from benchmarks.corpus import generate, load
 from benchmarks.loadgen import LoadSpec, run
-from benchmarks.promtext import ServerDelta, parse
+from harness.promtext import ServerDelta, parse
 from preprocessing import read_header
 from tests import images
 from tests.conftest import COLOR_MODEL, make_settings, serve
@@ -356,7 +356,7 @@ def test_two_configurations_are_judged_pair_by_pair() -> None:
 
 def test_the_b_server_can_log_access_as_make_serve_does() -> None:
     from benchmarks import served_ab
-    from benchmarks.servers import UvicornProcess
+    from harness.servers import UvicornProcess
 
     for access_log in (False, True):
         server = UvicornProcess({}, access_log=access_log)

@@ -17,7 +17,7 @@ from app.engine import InferenceEngine, InferenceRequest
 from app.engine.device import DeviceError, resolve_decode_device
 from app.engine.graphs import bucket_for
 from app.metrics import Metrics
-from benchmarks.pipeline_checks import (
+from harness.pipeline_checks import (
     ReportLog,
     concurrent_agreement,
     padding_cost,

@@ -12,7 +12,7 @@ import httpx
 import orjson
 import pytest
 
-from benchmarks.servers import UvicornProcess
+from harness.servers import UvicornProcess
 from tests import images
 from tests.checks import assert_graceful_exit, scrape, wait_for
 

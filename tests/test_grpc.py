@@ -21,7 +21,7 @@ import numpy as np
 import pytest
 from PIL import Image
 
-from benchmarks.servers import UvicornProcess
+from harness.servers import UvicornProcess
 from tests import images
 from tests.checks import assert_graceful_exit, scrape, wait_for
 from tests.repository import add_model, colour_repository

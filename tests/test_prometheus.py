@@ -15,7 +15,7 @@ import httpx
 import pytest
 import yaml
 
-from benchmarks.servers import UvicornProcess, free_port
+from harness.servers import UvicornProcess, free_port
 from tests import images
 from tests.test_deploy import DEPLOY, dashboard_queries
 from tests.tools import require_tool

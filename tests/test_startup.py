@@ -20,7 +20,7 @@ from app.engine import startup_check as check_module
 from app.engine.kept import code_fingerprint
 from app.engine.startup_check import CHECK_RECORD
 from app.startup import MODEL_PHASES, Phases, process_age_s
-from benchmarks.promtext import parse, value
+from harness.promtext import parse, value
 from tests import images
 from tests.conftest import make_settings, serve
 from tests.fakes import until

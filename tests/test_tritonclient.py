@@ -14,7 +14,7 @@ import numpy as np
 import pytest
 from PIL import Image
 
-from benchmarks.servers import UvicornProcess
+from harness.servers import UvicornProcess
 from tests import images
 from tests.protocol_schemas import (
     INFERENCE_RESPONSE,
