@@ -16,7 +16,8 @@ import logging
 import sys
 
 from app.engine import build_engine, resolve_device
-from app.engine.factory import ensure_onnx, ensure_openvino, load_configured_model
+from app.engine.factory import load_configured_model
+from app.engine.store import ensure_onnx, ensure_openvino
 from app.logs import configure_logging
 from app.settings import settings_for_tool
 

@@ -8,7 +8,7 @@ from typing import Any
 
 import orjson
 
-from app.http.requestid import RequestIdLogFilter
+from app.requestid import RequestIdLogFilter
 
 _TEXT_FORMAT = "%(asctime)s %(levelname)s %(name)s [%(request_id)s] %(message)s"
 

@@ -12,7 +12,7 @@ import httpx
 import pytest
 
 from app.cpus import available_cpus
-from app.http.requestid import new_request_id
+from app.requestid import new_request_id
 from tests import images
 from tests.checks import metric
 from tests.conftest import make_settings, serve

@@ -8,18 +8,11 @@ import threading
 import time
 import weakref
 from collections.abc import Callable
-from pathlib import Path
 from typing import Any
 
 import torch
 
-from app.engine.artifacts import (
-    REPORT,
-    ArtifactKey,
-    building,
-    find,
-)
-from app.engine.backends import Backend, TorchBackend
+from app.engine.backends import Backend, TorchBackend, open_runtime
 from app.engine.cards import load_described
 from app.engine.choice import choose_backend
 from app.engine.compile import kept, resolve_compile
@@ -32,28 +25,19 @@ from app.engine.device import (
     resolve_device,
 )
 from app.engine.engine import InferenceEngine
-from app.engine.errors import CheckFailedError, StartupError, UngatedModelError
-from app.engine.export import (
-    ONNX_FILE,
-    OPENVINO_FILE,
-    convert_to_openvino,
-    export_onnx,
-    onnx_exporter,
-    openvino_exporter,
-)
+from app.engine.errors import CheckFailedError, StartupError
+from app.engine.int8_gated import gated_int8, int8_ready
 from app.engine.loading import LoadedModel, load_model, loaded_digest
 from app.engine.observer import EngineObserver
 from app.engine.precision import fastest
 from app.engine.startup_check import checked_against_eager, engine_check, is_checked
+from app.engine.store import ensure_onnx, ensure_openvino, input_shape, torchscript_artifact
 from app.settings import Settings
 from app.startup import Phases
 from batching import BatchConfig
 from preprocessing import ImageLimits
 
 logger = logging.getLogger("batchserve")
-
-QDQ = "-qdq"  # INT8 ONNX artefacts: static quantisation with QuantizeLinear/DequantizeLinear
-NNCF = "-nncf"  # INT8 OpenVINO artefacts: NNCF's post-training quantization of the fp32 IR
 
 
 def load_configured_model(settings: Settings, *, use_card: bool = True) -> LoadedModel:
@@ -201,10 +185,6 @@ def _build_backend(
     return runtime_backend(settings, loaded, device, config, phases, failures_of)
 
 
-def input_shape(loaded: LoadedModel) -> tuple[int, int, int]:
-    return (3, loaded.transform.crop_size, loaded.transform.crop_size)
-
-
 def torch_backend(
     settings: Settings,
     loaded: LoadedModel,
@@ -245,15 +225,6 @@ def torch_backend(
     return backend
 
 
-def torchscript_artifact(
-    root: Path, loaded: LoadedModel, dtype: torch.dtype, device: torch.device
-) -> Path:
-    """Where the traced and frozen model of these weights, dtype and device is kept."""
-    precision = NAMES[dtype]
-    exporter = f"torchscript-torch{torch.__version__.split('+')[0]}-{device.type}"
-    return artifact_key(loaded, precision, exporter).path(root) / "model.pt"
-
-
 # -- inference runtimes -------------------------------------------------------------------
 
 
@@ -280,91 +251,6 @@ def runtime_precisions(settings: Settings, device: torch.device) -> tuple[str, .
     return (settings.precision,)
 
 
-def artifact_key(loaded: LoadedModel, precision: str, exporter: str) -> ArtifactKey:
-    return ArtifactKey(loaded.name, loaded_digest(loaded), loaded.transform.crop_size,
-                       precision, exporter)  # fmt: skip
-
-
-def ensure_onnx(root: Path, loaded: LoadedModel) -> Path:
-    """The fp32 ONNX artefact, exported now if it is not there yet."""
-    key = artifact_key(loaded, "fp32", onnx_exporter())
-    path = find(root, key, ONNX_FILE)
-    if path is None:
-        with building(root, key) as scratch:
-            export_onnx(copy.deepcopy(loaded.module), input_shape(loaded), scratch / ONNX_FILE)
-        path = key.path(root) / ONNX_FILE
-        logger.info("exported %s to ONNX: %s", loaded.name, path)
-    return path
-
-
-def int8_key(loaded: LoadedModel, backend: str) -> ArtifactKey:
-    exporter = onnx_exporter() + QDQ
-    if backend == "openvino":
-        exporter = f"{openvino_exporter()}{NNCF}"
-    return artifact_key(loaded, "int8", exporter)
-
-
-def ensure_openvino(root: Path, loaded: LoadedModel, precision: str) -> Path:
-    """The fp32 OpenVINO IR, converted from the ONNX artefact now if it is not there yet."""
-    key = artifact_key(loaded, precision, openvino_exporter())
-    path = find(root, key, OPENVINO_FILE)
-    if path is None:
-        onnx_path = ensure_onnx(root, loaded)
-        with building(root, key) as scratch:
-            convert_to_openvino(onnx_path, scratch / OPENVINO_FILE)
-        path = key.path(root) / OPENVINO_FILE
-        logger.info("converted %s to OpenVINO IR: %s", loaded.name, path)
-    return path
-
-
-def int8_artifact(settings: Settings, loaded: LoadedModel) -> Path | None:
-    """The INT8 model of this backend built for these weights, if there is one."""
-    filename = OPENVINO_FILE if settings.backend == "openvino" else ONNX_FILE
-    return find(settings.artifacts_dir, int8_key(loaded, settings.backend), filename)
-
-
-def int8_ready(settings: Settings, loaded: LoadedModel) -> bool:
-    """True when this backend's INT8 model exists and its accuracy gate passes here (nothing
-    is built: what ``BACKEND=auto`` may choose with ``PRECISION=auto``)."""
-    from app.engine.quantize import judge_stored
-
-    path = int8_artifact(settings, loaded)
-    return path is not None and bool(judge_stored(settings, loaded, path)["passed"])
-
-
-def gated_int8(settings: Settings, loaded: LoadedModel) -> tuple[Path, dict[str, Any]]:
-    """The INT8 artefact for this backend, only if its accuracy report holds here (see
-    ``int8_report``), with what ``/v1/models`` shows of the report."""
-    from app.engine.quantize import build_int8, judge_stored
-
-    key = int8_key(loaded, settings.backend)
-    path = int8_artifact(settings, loaded)
-    if settings.calibration_dir is not None:  # built now unless made from these images
-        path = build_int8(settings, loaded, settings.calibration_dir)
-    if path is None:
-        raise UngatedModelError(
-            f"no INT8 model for {loaded.name} under {key.path(settings.artifacts_dir)}: build "
-            f"one with `python -m app.quantize --calibration DIR` (it runs the accuracy gate), "
-            f"or set CALIBRATION_DIR to build it at start-up"
-        )
-    report_path = path.parent / REPORT
-    summary = judge_stored(settings, loaded, path)
-    if not summary["failures"]:
-        return path, summary
-    why = "; ".join(summary["failures"])
-    if not settings.allow_ungated_int8:
-        raise UngatedModelError(
-            f"the INT8 model {path} did not pass its accuracy gate ({why}); see {report_path}. "
-            f"ALLOW_UNGATED_INT8=true serves it anyway"
-        )
-    logger.critical(
-        "\n%s\nSERVING AN INT8 MODEL THAT DID NOT PASS ITS ACCURACY GATE (%s; %s), because "
-        "ALLOW_UNGATED_INT8=true. Its answers may be wrong.\n%s",
-        "!" * 78, why, report_path, "!" * 78,
-    )  # fmt: skip
-    return path, summary
-
-
 def runtime_backend(
     settings: Settings,
     loaded: LoadedModel,
@@ -388,24 +274,15 @@ def runtime_backend(
 
     digest_ahead(path)  # for the start-up check's binding, while the runtime compiles
 
+    # Batches that run one at a time (a CPU: the second slot only gets ready ahead) want one
+    # OpenVINO stream with every thread; THROUGHPUT would give each of two streams half of
+    # the threads while only one of them computes.
+    concurrent = 1 if config.serial_execution else config.max_inflight_batches
+
     def build(precision: str) -> Backend:
-        if settings.backend == "onnxruntime":
-            from app.engine.backends.onnx_runtime import OnnxRuntimeBackend
-
-            return OnnxRuntimeBackend(
-                path, device, precision=precision, threads=settings.intra_op_threads,
-                classes=len(loaded.labels),
-            )  # fmt: skip
-        from app.engine.backends.openvino_runtime import OpenVinoBackend
-
-        # Batches that run one at a time (a CPU: the second slot only gets ready ahead) want
-        # one stream with every thread; THROUGHPUT would give each of two streams half of
-        # the threads while only one of them computes.
-        concurrent = 1 if config.serial_execution else config.max_inflight_batches
-        return OpenVinoBackend(
-            path, precision=precision, threads=settings.intra_op_threads,
-            concurrent_batches=concurrent,
-        )  # fmt: skip
+        return open_runtime(settings.backend, path, precision=precision,
+                            threads=settings.intra_op_threads, classes=len(loaded.labels),
+                            device=device, concurrent_batches=concurrent)  # fmt: skip
 
     with phases.phase("compile"):  # the runtime's session or compiled model (per precision)
         backend, rates = fastest(precisions, build, input_shape(loaded),

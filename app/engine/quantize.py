@@ -23,7 +23,7 @@ import logging
 import random
 import shutil
 from collections.abc import Callable, Iterator, Sequence
-from dataclasses import asdict, dataclass
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Protocol
 
@@ -32,12 +32,10 @@ import torch
 from PIL import Image, ImageEnhance, ImageOps
 
 from app.engine.artifacts import REPORT, building, find, read_json, write_json
-from app.engine.backends import Backend
+from app.engine.backends import Backend, open_runtime
 from app.engine.errors import StartupError
 from app.engine.export import ONNX_FILE, OPENVINO_FILE
-from app.engine.factory import ensure_onnx, ensure_openvino, input_shape, int8_key
 from app.engine.gate import (
-    Bounds,
     compare,
     eager_reference,
     engine_for,
@@ -48,14 +46,13 @@ from app.engine.gate import (
 from app.engine.int8_class import Int8Class, this_cpu
 from app.engine.int8_report import (
     GATE_IMAGES,
-    artifact_digest,
     binding,
     int8_bounds,
     int8_failures,
-    reasons_to_rejudge,
 )
 from app.engine.loading import LoadedModel, loaded_digest
 from app.engine.precision import side_by_side
+from app.engine.store import ensure_onnx, ensure_openvino, input_shape, int8_key
 from app.settings import Settings
 from preprocessing import ImageLimits, normalize_into, prepare
 
@@ -161,33 +158,17 @@ class _Runtime:
         self.file = OPENVINO_FILE if self.name == "openvino" else ONNX_FILE
         self.work = work
 
-    def backend(self, path: Path) -> Backend:
-        if self.name == "openvino":
-            from app.engine.backends.openvino_runtime import OpenVinoBackend
-
-            return OpenVinoBackend(path, precision="int8", threads=self.threads,
-                                   concurrent_batches=1)  # fmt: skip
-        from app.engine.backends.onnx_runtime import OnnxRuntimeBackend
-
-        classes = len(self.loaded.labels)
-        return OnnxRuntimeBackend(path, torch.device("cpu"), precision="int8",
-                                  threads=self.threads, classes=classes)  # fmt: skip
+    def backend(self, path: Path, precision: str = "int8") -> Backend:
+        return open_runtime(self.name, path, precision=precision, threads=self.threads,
+                            classes=len(self.loaded.labels))  # fmt: skip
 
     def fp32_backend(self, root: Path) -> tuple[Backend, Path]:
         loaded = self.loaded
         if self.name == "openvino":
-            from app.engine.backends.openvino_runtime import OpenVinoBackend
-
             path = ensure_openvino(root, loaded, "fp32")
-            backend: Backend = OpenVinoBackend(path, precision="fp32", threads=self.threads,
-                                               concurrent_batches=1)  # fmt: skip
-            return backend, path
-        from app.engine.backends.onnx_runtime import OnnxRuntimeBackend
-
-        path = ensure_onnx(root, loaded)
-        backend = OnnxRuntimeBackend(path, torch.device("cpu"), precision="fp32",
-                                     threads=self.threads, classes=len(loaded.labels))  # fmt: skip
-        return backend, path
+        else:
+            path = ensure_onnx(root, loaded)
+        return self.backend(path, "fp32"), path
 
     def quantizer(
         self,
@@ -199,13 +180,13 @@ class _Runtime:
         """The runtime's quantizer and recipes; ``reference()`` gives fp32's probabilities
         on the calibration images (asked only by accuracy control)."""
         if self.name == "openvino":
-            from app.engine import quantize_openvino as ov
+            import app.engine.quantize_openvino as ov
 
             def expected() -> list[np.ndarray[Any, Any]]:
                 return [row.numpy() for row in reference()]
 
             return ov.OpenVinoQuantizer(fp32, inputs, expected), ov.recipe_order(saturates)
-        from app.engine import quantize_onnx as ort
+        import app.engine.quantize_onnx as ort
 
         onnx_quantizer = ort.OnnxQuantizer(fp32, inputs, self.work)
         order = ort.recipe_order(saturates, len(onnx_quantizer.quantizable_layers()))
@@ -375,60 +356,6 @@ RECIPE_FORMS = {
     "onnxruntime": "qdq-w8, qdq-w7, qdq-w8-fp32xN or qdq-w7-fp32xN",
     "openvino": "nncf-w8, nncf-w7, nncf-w8-accuracy-control or nncf-w7-accuracy-control",
 }
-
-
-def judge_stored(settings: Settings, loaded: LoadedModel, path: Path) -> dict[str, Any]:
-    """The verdict on the INT8 artefact at ``path`` under this start-up's settings: from its
-    report's figures when they are bound to what is served here, else from the gate run
-    again on the held-out images stored beside it. What ``/v1/models`` shows of it."""
-    bounds = int8_bounds(settings)
-    report = read_json(path.parent / REPORT)
-    bound_to = binding(
-        loaded, loaded_digest(loaded), path, settings.backend, settings.intra_op_threads
-    )
-    reasons = reasons_to_rejudge(report, bound_to, bounds)
-    if report is not None and not reasons:
-        figures = report
-    else:
-        logger.warning("judging the INT8 model %s again: %s", path, "; ".join(reasons))
-        figures = _rejudge(settings, loaded, path, bounds, report)
-    summary = {key: figures.get(key) for key in _SHOWN}
-    summary |= {"failures": int8_failures(figures, bounds), "judged_again": bool(reasons),
-                "bounds": asdict(bounds), "cpu_int8_class": this_cpu().name}  # fmt: skip
-    summary["passed"] = not summary["failures"]
-    return summary
-
-
-_SHOWN = (
-    "recipe", "confident_top1_agreement", "plausible_top1", "mean_total_variation",
-    "max_probability_difference", "top1_agreement", "top5_overlap", "images",
-    "images_per_second", "fp32_images_per_second",
-)  # fmt: skip
-
-
-def _rejudge(
-    settings: Settings,
-    loaded: LoadedModel,
-    path: Path,
-    bounds: Bounds,
-    report: dict[str, Any] | None,
-) -> dict[str, Any]:
-    stored = path.parent / GATE_IMAGES
-    images = [item.read_bytes() for item in sorted(stored.iterdir())] if stored.is_dir() else []
-    if len(images) < settings.int8_gate_min_images:
-        return {"failures": [
-            f"its report cannot be used here and {len(images)} held-out images are stored "
-            f"beside it (INT8_GATE_MIN_IMAGES={settings.int8_gate_min_images}): build it again "
-            f"with `python -m app.quantize --calibration DIR`"
-        ]}  # fmt: skip
-    backend = _Runtime(settings, loaded, path.parent).backend(path)
-    reference = probabilities(eager_reference(loaded), images)
-    figures = compare(reference, probabilities(engine_for(loaded, backend), images))
-    # The speed measured when it was built, if the report is this artefact's.
-    if report is not None and report.get("artifact_sha256") == artifact_digest(path):
-        for key in ("recipe", "images_per_second", "fp32_images_per_second"):
-            figures[key] = report.get(key)
-    return figures
 
 
 def _summary(report: dict[str, Any]) -> str:

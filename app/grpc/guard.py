@@ -19,7 +19,7 @@ import grpc
 from app.auth import authorized
 from app.errors import UnauthorizedError
 from app.grpc.errors import abort_with
-from app.http.requestid import HEADER, request_id_from
+from app.requestid import HEADER, request_id_from
 from app.settings import Settings
 
 INFERENCE = "inference.GRPCInferenceService"

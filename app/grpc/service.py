@@ -24,7 +24,6 @@ from app.errors import NotFoundError, NotReadyError, PayloadTooLargeError
 from app.grpc.errors import abort_with
 from app.grpc.messages import parameter, read_request
 from app.grpc.receiving import ReceiveSlots
-from app.http.requestid import HEADER, current_request_id, request_id_from
 from app.protocol.model_io import (
     EXTENSIONS,
     OUTPUT,
@@ -36,6 +35,7 @@ from app.protocol.model_io import (
     wants_dense,
 )
 from app.protocol.tensors import MalformedTensorError, bytes_binary
+from app.requestid import HEADER, current_request_id, request_id_from
 from app.serving.predict import Inputs
 from app.serving.repository import refuse_without_control
 from app.serving.server import ServerState

@@ -1,52 +1,15 @@
-"""Request ids: taken from ``X-Request-ID`` or made up, echoed, and attached to log records."""
+"""Request ids over HTTP: taken from ``X-Request-ID`` or made up (``app.requestid``), echoed,
+and the time each request reached the server."""
 
 from __future__ import annotations
 
-import contextvars
-import itertools
-import logging
-import os
-import re
 import time
-import uuid
 from collections.abc import MutableMapping
 from typing import Any
 
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
-HEADER = "x-request-id"
-_VALID = re.compile(r"[A-Za-z0-9._:@/+=-]{1,128}")
-
-current_request_id: contextvars.ContextVar[str | None] = contextvars.ContextVar(
-    "request_id", default=None
-)
-
-
-class _Ids:
-    """32 hex digits: this process's random half, then a count. ``uuid4`` would read the
-    kernel's random source for every request, a system call that lets the event loop's thread
-    lose the GIL to a decode or batch thread; a forked child draws a random half of its own."""
-
-    def __init__(self) -> None:
-        self.reset()
-        os.register_at_fork(after_in_child=self.reset)
-
-    def reset(self) -> None:
-        self.prefix = uuid.uuid4().hex[:16]
-        self.count = itertools.count()
-
-    def new(self) -> str:
-        return f"{self.prefix}{next(self.count) & 0xFFFF_FFFF_FFFF_FFFF:016x}"
-
-
-new_request_id = _Ids().new
-
-
-def request_id_from(candidate: str | None) -> str:
-    """``candidate`` when it is safe in headers and logs, else a new id."""
-    if candidate is not None and _VALID.fullmatch(candidate):
-        return candidate
-    return new_request_id()
+from app.requestid import current_request_id, new_request_id, request_id_from
 
 
 def request_id_of(scope: MutableMapping[str, Any]) -> str | None:
@@ -76,10 +39,8 @@ class RequestIdMiddleware:
         request_id = None
         for name, value in scope["headers"]:
             if name == b"x-request-id":
-                candidate = value.decode("latin-1")
                 # Only echo ids that are safe in headers and logs; otherwise make our own.
-                if _VALID.fullmatch(candidate):
-                    request_id = candidate
+                request_id = request_id_from(value.decode("latin-1"))
                 break
         if request_id is None:
             request_id = new_request_id()
@@ -99,11 +60,3 @@ class RequestIdMiddleware:
             await self.app(scope, receive, send_with_id)
         finally:
             current_request_id.reset(token)
-
-
-class RequestIdLogFilter(logging.Filter):
-    """Adds ``record.request_id`` (``-`` outside a request)."""
-
-    def filter(self, record: logging.LogRecord) -> bool:
-        record.request_id = current_request_id.get() or "-"
-        return True

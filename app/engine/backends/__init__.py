@@ -2,7 +2,39 @@
 
 from __future__ import annotations
 
+from pathlib import Path
+
+import torch
+
 from app.engine.backends.base import Backend
 from app.engine.backends.pytorch import TorchBackend
 
-__all__ = ["Backend", "TorchBackend"]
+__all__ = ["RUNTIMES", "Backend", "TorchBackend", "open_runtime"]
+
+RUNTIMES = ("onnxruntime", "openvino")
+
+
+def open_runtime(
+    name: str,
+    path: Path,
+    *,
+    precision: str,
+    threads: int,
+    classes: int,
+    device: torch.device | None = None,
+    concurrent_batches: int = 1,
+) -> Backend:
+    """The runtime ``name`` serving the artefact at ``path``: the one way to open one, whether
+    to serve, to choose, to quantise or to judge. ``concurrent_batches``: batches OpenVINO
+    runs at once (one stream with every thread when 1)."""
+    if name == "onnxruntime":
+        from app.engine.backends.onnx_runtime import OnnxRuntimeBackend
+
+        return OnnxRuntimeBackend(path, device or torch.device("cpu"), precision=precision,
+                                  threads=threads, classes=classes)  # fmt: skip
+    if name == "openvino":
+        from app.engine.backends.openvino_runtime import OpenVinoBackend
+
+        return OpenVinoBackend(path, precision=precision, threads=threads,
+                               concurrent_batches=concurrent_batches)  # fmt: skip
+    raise ValueError(f"no runtime {name!r}: {', '.join(RUNTIMES)}")

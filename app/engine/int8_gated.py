@@ -1,0 +1,124 @@
+"""Which INT8 model may serve here: the one its accuracy report says passed, if that report
+holds for what is served (``int8_report``), else judged again now on the held-out images kept
+beside it, and never one that fails unless ``ALLOW_UNGATED_INT8`` says so. Built on the INT8
+build (``quantize``), which is built on the artefacts (``store``)."""
+
+from __future__ import annotations
+
+import logging
+from dataclasses import asdict
+from pathlib import Path
+from typing import Any
+
+from app.engine.artifacts import REPORT, read_json
+from app.engine.backends import open_runtime
+from app.engine.errors import UngatedModelError
+from app.engine.gate import Bounds, compare, eager_reference, engine_for, probabilities
+from app.engine.int8_class import this_cpu
+from app.engine.int8_report import (
+    GATE_IMAGES,
+    artifact_digest,
+    binding,
+    int8_bounds,
+    int8_failures,
+    reasons_to_rejudge,
+)
+from app.engine.loading import LoadedModel, loaded_digest
+from app.engine.quantize import build_int8
+from app.engine.store import int8_artifact, int8_key
+from app.settings import Settings
+
+logger = logging.getLogger("batchserve")
+
+
+def int8_ready(settings: Settings, loaded: LoadedModel) -> bool:
+    """True when this backend's INT8 model exists and its accuracy gate passes here (nothing
+    is built: what ``BACKEND=auto`` may choose with ``PRECISION=auto``)."""
+    path = int8_artifact(settings.artifacts_dir, loaded, settings.backend)
+    return path is not None and bool(judge_stored(settings, loaded, path)["passed"])
+
+
+def gated_int8(settings: Settings, loaded: LoadedModel) -> tuple[Path, dict[str, Any]]:
+    """The INT8 artefact for this backend, only if its accuracy report holds here (see
+    ``int8_report``), with what ``/v1/models`` shows of the report."""
+    key = int8_key(loaded, settings.backend)
+    path = int8_artifact(settings.artifacts_dir, loaded, settings.backend)
+    if settings.calibration_dir is not None:  # built now unless made from these images
+        path = build_int8(settings, loaded, settings.calibration_dir)
+    if path is None:
+        raise UngatedModelError(
+            f"no INT8 model for {loaded.name} under {key.path(settings.artifacts_dir)}: build "
+            f"one with `python -m app.quantize --calibration DIR` (it runs the accuracy gate), "
+            f"or set CALIBRATION_DIR to build it at start-up"
+        )
+    report_path = path.parent / REPORT
+    summary = judge_stored(settings, loaded, path)
+    if not summary["failures"]:
+        return path, summary
+    why = "; ".join(summary["failures"])
+    if not settings.allow_ungated_int8:
+        raise UngatedModelError(
+            f"the INT8 model {path} did not pass its accuracy gate ({why}); see {report_path}. "
+            f"ALLOW_UNGATED_INT8=true serves it anyway"
+        )
+    logger.critical(
+        "\n%s\nSERVING AN INT8 MODEL THAT DID NOT PASS ITS ACCURACY GATE (%s; %s), because "
+        "ALLOW_UNGATED_INT8=true. Its answers may be wrong.\n%s",
+        "!" * 78, why, report_path, "!" * 78,
+    )  # fmt: skip
+    return path, summary
+
+
+def judge_stored(settings: Settings, loaded: LoadedModel, path: Path) -> dict[str, Any]:
+    """The verdict on the INT8 artefact at ``path`` under this start-up's settings: from its
+    report's figures when they are bound to what is served here, else from the gate run
+    again on the held-out images stored beside it. What ``/v1/models`` shows of it."""
+    bounds = int8_bounds(settings)
+    report = read_json(path.parent / REPORT)
+    bound_to = binding(
+        loaded, loaded_digest(loaded), path, settings.backend, settings.intra_op_threads
+    )
+    reasons = reasons_to_rejudge(report, bound_to, bounds)
+    if report is not None and not reasons:
+        figures = report
+    else:
+        logger.warning("judging the INT8 model %s again: %s", path, "; ".join(reasons))
+        figures = _rejudge(settings, loaded, path, bounds, report)
+    summary = {key: figures.get(key) for key in _SHOWN}
+    summary |= {"failures": int8_failures(figures, bounds), "judged_again": bool(reasons),
+                "bounds": asdict(bounds), "cpu_int8_class": this_cpu().name}  # fmt: skip
+    summary["passed"] = not summary["failures"]
+    return summary
+
+
+_SHOWN = (
+    "recipe", "confident_top1_agreement", "plausible_top1", "mean_total_variation",
+    "max_probability_difference", "top1_agreement", "top5_overlap", "images",
+    "images_per_second", "fp32_images_per_second",
+)  # fmt: skip
+
+
+def _rejudge(
+    settings: Settings,
+    loaded: LoadedModel,
+    path: Path,
+    bounds: Bounds,
+    report: dict[str, Any] | None,
+) -> dict[str, Any]:
+    stored = path.parent / GATE_IMAGES
+    images = [item.read_bytes() for item in sorted(stored.iterdir())] if stored.is_dir() else []
+    if len(images) < settings.int8_gate_min_images:
+        return {"failures": [
+            f"its report cannot be used here and {len(images)} held-out images are stored "
+            f"beside it (INT8_GATE_MIN_IMAGES={settings.int8_gate_min_images}): build it again "
+            f"with `python -m app.quantize --calibration DIR`"
+        ]}  # fmt: skip
+    backend = open_runtime(settings.backend, path, precision="int8",
+                           threads=settings.intra_op_threads, classes=len(loaded.labels))
+    reference = probabilities(eager_reference(loaded), images)
+    figures = compare(reference, probabilities(engine_for(loaded, backend), images))
+    # The speed measured when it was built, if the report is this artefact's.
+    if report is not None and report.get("artifact_sha256") == artifact_digest(path):
+        for key in ("recipe", "images_per_second", "fp32_images_per_second"):
+            figures[key] = report.get(key)
+    return figures

@@ -1,0 +1,85 @@
+"""Where a model's artefacts are, and making the ones that are not there yet: the fp32 ONNX
+export, the OpenVINO IR converted from it, the TorchScript model, and where an INT8 model of
+each runtime lives. Each is named by everything that changes its contents (``ArtifactKey``):
+the model, its weights' digest, the input size, the precision and the exporter."""
+
+from __future__ import annotations
+
+import copy
+import logging
+from pathlib import Path
+
+import torch
+
+from app.engine.artifacts import ArtifactKey, building, find
+from app.engine.device import NAMES
+from app.engine.export import (
+    ONNX_FILE,
+    OPENVINO_FILE,
+    convert_to_openvino,
+    export_onnx,
+    onnx_exporter,
+    openvino_exporter,
+)
+from app.engine.loading import LoadedModel, loaded_digest
+
+logger = logging.getLogger("batchserve")
+
+QDQ = "-qdq"  # INT8 ONNX artefacts: static quantisation with QuantizeLinear/DequantizeLinear
+NNCF = "-nncf"  # INT8 OpenVINO artefacts: NNCF's post-training quantization of the fp32 IR
+
+
+def input_shape(loaded: LoadedModel) -> tuple[int, int, int]:
+    return (3, loaded.transform.crop_size, loaded.transform.crop_size)
+
+
+def torchscript_artifact(
+    root: Path, loaded: LoadedModel, dtype: torch.dtype, device: torch.device
+) -> Path:
+    """Where the traced and frozen model of these weights, dtype and device is kept."""
+    precision = NAMES[dtype]
+    exporter = f"torchscript-torch{torch.__version__.split('+')[0]}-{device.type}"
+    return artifact_key(loaded, precision, exporter).path(root) / "model.pt"
+
+
+def artifact_key(loaded: LoadedModel, precision: str, exporter: str) -> ArtifactKey:
+    return ArtifactKey(loaded.name, loaded_digest(loaded), loaded.transform.crop_size,
+                       precision, exporter)  # fmt: skip
+
+
+def ensure_onnx(root: Path, loaded: LoadedModel) -> Path:
+    """The fp32 ONNX artefact, exported now if it is not there yet."""
+    key = artifact_key(loaded, "fp32", onnx_exporter())
+    path = find(root, key, ONNX_FILE)
+    if path is None:
+        with building(root, key) as scratch:
+            export_onnx(copy.deepcopy(loaded.module), input_shape(loaded), scratch / ONNX_FILE)
+        path = key.path(root) / ONNX_FILE
+        logger.info("exported %s to ONNX: %s", loaded.name, path)
+    return path
+
+
+def int8_key(loaded: LoadedModel, backend: str) -> ArtifactKey:
+    exporter = onnx_exporter() + QDQ
+    if backend == "openvino":
+        exporter = f"{openvino_exporter()}{NNCF}"
+    return artifact_key(loaded, "int8", exporter)
+
+
+def ensure_openvino(root: Path, loaded: LoadedModel, precision: str) -> Path:
+    """The fp32 OpenVINO IR, converted from the ONNX artefact now if it is not there yet."""
+    key = artifact_key(loaded, precision, openvino_exporter())
+    path = find(root, key, OPENVINO_FILE)
+    if path is None:
+        onnx_path = ensure_onnx(root, loaded)
+        with building(root, key) as scratch:
+            convert_to_openvino(onnx_path, scratch / OPENVINO_FILE)
+        path = key.path(root) / OPENVINO_FILE
+        logger.info("converted %s to OpenVINO IR: %s", loaded.name, path)
+    return path
+
+
+def int8_artifact(root: Path, loaded: LoadedModel, backend: str) -> Path | None:
+    """The INT8 model of ``backend`` built for these weights under ``root``, if there is one."""
+    filename = OPENVINO_FILE if backend == "openvino" else ONNX_FILE
+    return find(root, int8_key(loaded, backend), filename)
