@@ -19,6 +19,7 @@ import torch
 
 from app.engine import InferenceEngine, InferenceRequest, StartupError, build_engine
 from app.engine import factory as factory_module
+from app.engine import store as store_module
 from app.engine.artifacts import REPORT, write_json
 from app.engine.errors import CheckFailedError, UngatedModelError
 from app.engine.export import ONNX_FILE, export_onnx
@@ -79,8 +80,8 @@ def test_artefacts_are_made_once_then_reused(
     def no_export(*args: object) -> None:
         raise AssertionError("a finished artefact must be reused, not made again")
 
-    monkeypatch.setattr(factory_module, "export_onnx", no_export)
-    monkeypatch.setattr(factory_module, "convert_to_openvino", no_export)
+    monkeypatch.setattr(store_module, "export_onnx", no_export)
+    monkeypatch.setattr(store_module, "convert_to_openvino", no_export)
     engine = build_engine(settings, settings.batch_config("cpu"))
     assert engine.check is not None
     assert engine.check["passed"]
@@ -94,7 +95,7 @@ def test_a_failed_export_leaves_nothing_behind(
         path.write_bytes(b"half an ONNX file")
         raise RuntimeError("exporter crashed")
 
-    monkeypatch.setattr(factory_module, "export_onnx", half_then_crash)
+    monkeypatch.setattr(store_module, "export_onnx", half_then_crash)
     settings = runtime_settings(tmp_path, "onnxruntime")
     with pytest.raises(RuntimeError, match="exporter crashed"):
         build_engine(settings, settings.batch_config("cpu"))
