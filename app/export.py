@@ -15,7 +15,7 @@ import argparse
 import logging
 import sys
 
-from app.engine import build_engine, resolve_device
+from app.engine import build_engine
 from app.engine.factory import load_configured_model
 from app.engine.store import ensure_onnx, ensure_openvino
 from app.logs import configure_logging
@@ -31,13 +31,13 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     settings = settings_for_tool()
     configure_logging(settings.log_level, settings.log_json)
-    loaded = load_configured_model(settings)
+    config = settings.own_model()
+    loaded = load_configured_model(config)
     print(ensure_onnx(settings.artifacts_dir, loaded))
     if args.format in ("openvino", "all"):
         print(ensure_openvino(settings.artifacts_dir, loaded, "fp32"))
     if not args.no_engine:
-        device = resolve_device(settings.device, settings.worker_index)
-        engine = build_engine(settings, settings.batch_config(device.type))
+        engine = build_engine(config)
         logger.info("built %s on %s with %s (%s): a start from %s reuses it",
                     engine.name, engine.device, engine.backend.name, engine.precision,
                     settings.artifacts_dir)  # fmt: skip

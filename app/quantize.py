@@ -42,10 +42,11 @@ def main(argv: list[str] | None = None) -> int:
         print("batchserve: set BATCHSERVE_BACKEND=onnxruntime or openvino", file=sys.stderr)
         return 2
     configure_logging(settings.log_level, settings.log_json)
-    loaded = load_configured_model(settings)
+    config = settings.own_model()
+    loaded = load_configured_model(config)
     try:
         path = build_int8(
-            settings, loaded, args.calibration, args.gate, recipe=args.recipe, rebuild=True,
+            config, loaded, args.calibration, args.gate, recipe=args.recipe, rebuild=True,
             target=named(args.for_cpu) if args.for_cpu else None,
         )  # fmt: skip
     except StartupError as exc:

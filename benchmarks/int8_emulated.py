@@ -67,7 +67,7 @@ def run(folder: Path, runtimes: list[str]) -> dict[str, Any]:
                                 backend=runtime, precision="int8", log_level="warning",
                                 artifacts_dir=folder / f"artifacts-{target.name}")  # fmt: skip
             loaded = load_model(FACTORY, "auto", labels)
-            path = build_int8(settings, loaded, pictures, rebuild=True, target=target)
+            path = build_int8(settings.own_model(), loaded, pictures, rebuild=True, target=target)
             report = read_json(path.parent / REPORT) or {}
             gate = [item.read_bytes() for item in sorted((path.parent / GATE_IMAGES).iterdir())]
             inputs = folder / "inputs.npy"
@@ -80,7 +80,7 @@ def run(folder: Path, runtimes: list[str]) -> dict[str, Any]:
                 started = time.perf_counter()
                 candidate = torch.from_numpy(evaluate(runtime, path, inputs, emulated))
                 figures = compare(reference, candidate)
-                failures = verdict(figures, int8_bounds(settings))
+                failures = verdict(figures, int8_bounds(settings.own_model()))
                 row[where] = {**{key: figures[key] for key in SHOWN}, "passed": not failures,
                               "failures": failures,
                               "seconds": time.perf_counter() - started}  # fmt: skip

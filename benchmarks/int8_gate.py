@@ -50,14 +50,14 @@ def run(folder: Path) -> dict[str, Any]:
     for backend in ("onnxruntime", "openvino"):
         settings = Settings(_env_file=None, backend=backend, precision="int8", **common)
         loaded = load_model(FACTORY, "auto", labels)
-        path = build_int8(settings, loaded, pictures)
+        path = build_int8(settings.own_model(), loaded, pictures)
         reports[backend] = read_json(path.parent / REPORT)
     names = list(photos())
     for backend, precision in (("torch", "fp32"), ("onnxruntime", "fp32"), ("openvino", "fp32"),
                                ("onnxruntime", "int8"), ("openvino", "int8")):  # fmt: skip
         settings = Settings(_env_file=None, backend=backend, precision=precision,
                             compile="none", **common)  # fmt: skip
-        engine = build_engine(settings, settings.batch_config("cpu"))
+        engine = build_engine(settings.own_model())
         top = probabilities(engine, [photos()[name] for name in names]).argmax(dim=1)
         calls[f"{backend} {precision}"] = {
             name: engine.labels[int(index)] for name, index in zip(names, top, strict=True)

@@ -53,8 +53,8 @@ def make_engine(
         _env_file=None, model=model, weights=weights, precision=precision,
         max_batch_size=max_batch_size, log_level="warning", **extra,
     )  # fmt: skip
-    config = settings.batch_config(resolve_device(settings.device).type)
-    engine = build_engine(settings, config, observer)
+    config = settings.own_model().batch_config(resolve_device(settings.device).type)
+    engine = build_engine(settings.own_model(), config, observer)
     if warm:
         engine.warmup()
     return engine

@@ -34,7 +34,7 @@ def started(
     ids=["defaults", "with-window-preferred-sizes-and-slo"],
 )
 async def test_on_a_cpu_batches_leave_when_the_device_is_free(overrides: dict[str, Any]) -> None:
-    config = load_settings(max_batch_size=8, **overrides).batch_config("cpu")
+    config = load_settings(max_batch_size=8, **overrides).own_model().batch_config("cpu")
     assert (config.max_inflight_batches, config.dispatch_when_idle) == (2, True)
     assert config.serial_execution
     batcher, run, recorder, clock = started(config)
@@ -61,7 +61,7 @@ async def test_on_a_cpu_batches_leave_when_the_device_is_free(overrides: dict[st
 
 
 async def test_with_a_free_slot_the_window_does_act() -> None:
-    config = load_settings(max_batch_size=8, max_queue_delay_ms=10).batch_config("cuda")
+    config = load_settings(max_batch_size=8, max_queue_delay_ms=10).own_model().batch_config("cuda")
     batcher, run, recorder, clock = started(config)
     first = asyncio.ensure_future(batcher.submit(1))
     await run.wait_started(1)

@@ -212,7 +212,7 @@ def test_auto_precision_serves_bf16_only_where_it_is_measured_faster(
             precision_module, "images_per_second",
             lambda backend, shape, rows, rates=rates: rates[backend.input_dtype],
         )  # fmt: skip
-        engine = build_engine(settings, settings.batch_config("cpu"))
+        engine = build_engine(settings.own_model())
         assert engine.precision == chosen
         assert engine.backend.describe()["measured_images_per_second"] == {
             "fp32": 100.0, "bf16": bf16_rate,
@@ -233,7 +233,7 @@ def test_auto_precision_serves_fp32_when_bf16_fails_its_start_up_check(
         lambda backend, shape, rows: rates[backend.input_dtype],
     )  # fmt: skip
     settings = make_settings(precision="auto", compile="none")
-    engine = build_engine(settings, settings.batch_config("cpu"))
+    engine = build_engine(settings.own_model())
     assert engine.precision == "bf16"
     assert engine.check is not None
     assert engine.check["passed"]
@@ -242,7 +242,7 @@ def test_auto_precision_serves_fp32_when_bf16_fails_its_start_up_check(
     monkeypatch.setitem(
         CHECK_BOUNDS, "bf16", Bounds(max_probability_difference=0.0, min_top1_agreement=1.0)
     )
-    engine = build_engine(settings, settings.batch_config("cpu"))
+    engine = build_engine(settings.own_model())
     assert engine.precision == "fp32"
     assert engine.check is None  # eager fp32 is the reference itself
     (failure,) = engine.backend.describe()["rejected_precisions"]["bf16"]
@@ -257,7 +257,7 @@ def test_bf16_asked_for_by_name_fails_the_start_when_it_fails_its_check(
     monkeypatch.setitem(CHECK_BOUNDS, "bf16", Bounds(max_probability_difference=0.0))
     settings = make_settings(precision="bf16", compile="none")
     with pytest.raises(CheckFailedError, match="loses too much in bf16"):
-        build_engine(settings, settings.batch_config("cpu"))
+        build_engine(settings.own_model())
 
 
 @pytest.mark.skipif(torch.cuda.is_available(), reason="checks the error when CUDA is absent")
@@ -517,7 +517,7 @@ def test_build_engine_sets_the_thread_budget() -> None:
     before = torch.get_num_threads()
     try:
         settings = make_settings(torch_threads=1)
-        build_engine(settings, settings.batch_config("cpu"))
+        build_engine(settings.own_model())
         assert torch.get_num_threads() == 1
     finally:
         torch.set_num_threads(before)

@@ -139,7 +139,7 @@ def built(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, Path]:
     """An INT8 model of the conv classifier for ONNX Runtime, built once; tests copy it."""
     tmp_path = tmp_path_factory.mktemp("int8")
     settings = int8_settings(tmp_path, "onnxruntime", calibration_dir=photo_folder(tmp_path, 10))
-    engine = build_engine(settings, settings.batch_config("cpu"))
+    engine = build_engine(settings.own_model())
     return tmp_path / "artifacts", Path(engine.backend.describe()["artifact"])
 
 
@@ -221,7 +221,7 @@ def test_a_report_judged_elsewhere_is_judged_again_before_serving(
     edit_report(artefacts, **changes, passed=True, max_probability_difference=0.99)
     settings = int8_settings(tmp_path, "onnxruntime")
     with caplog.at_level(logging.WARNING, logger="batchserve"):
-        engine = build_engine(settings, settings.batch_config("cpu"))
+        engine = build_engine(settings.own_model())
     assert judged_again(caplog)
     gate = engine.backend.describe()["int8_gate"]
     assert gate["judged_again"] is True
@@ -233,18 +233,18 @@ def test_stricter_bounds_in_the_settings_judge_again_and_can_refuse(
 ) -> None:
     stricter = int8_settings(tmp_path, "onnxruntime", int8_gate_max_probability_difference=0.2)
     with caplog.at_level(logging.WARNING, logger="batchserve"):
-        build_engine(stricter, stricter.batch_config("cpu"))
+        build_engine(stricter.own_model())
     assert "stricter bounds (max_probability_difference)" in caplog.text
     impossible = int8_settings(tmp_path, "onnxruntime", int8_gate_max_mean_total_variation=0.0)
     with pytest.raises(UngatedModelError, match="mean total variation"):
-        build_engine(impossible, impossible.batch_config("cpu"))
+        build_engine(impossible.own_model())
 
 
 def test_passed_true_is_never_believed_over_the_figures(artefacts: Path, tmp_path: Path) -> None:
     edit_report(artefacts, passed=True, failures=[], max_probability_difference=0.9)
     settings = int8_settings(tmp_path, "onnxruntime")
     with pytest.raises(UngatedModelError, match=r"probability difference 0\.9 > 0\.25"):
-        build_engine(settings, settings.batch_config("cpu"))
+        build_engine(settings.own_model())
 
 
 def test_auto_lets_a_gated_int8_model_compete_and_never_an_ungated_one(
@@ -259,19 +259,19 @@ def test_auto_lets_a_gated_int8_model_compete_and_never_an_ungated_one(
     )  # fmt: skip
     settings = make_settings(model=CONV_MODEL, backend="auto", precision="auto",
                              artifacts_dir=artefacts.parent.parent)  # fmt: skip
-    engine = build_engine(settings, settings.batch_config("cpu"))
+    engine = build_engine(settings.own_model())
     assert (engine.backend.name, engine.precision) == ("onnxruntime", "int8")
     decision = engine.backend.describe()["auto"]
     assert decision["precision"] == "int8"
     assert set(decision["rates"]) == {"torch", "onnxruntime", "openvino", "onnxruntime int8"}
     assert engine.backend.describe()["int8_gate"]["passed"]
-    again = build_engine(settings, settings.batch_config("cpu"))  # kept: not measured again
+    again = build_engine(settings.own_model())  # kept: not measured again
     assert again.backend.describe()["auto"]["reused"]
     assert (again.backend.name, again.precision) == ("onnxruntime", "int8")
 
     # A gate that fails here: the INT8 model is no candidate (and a new decision is made).
     edit_report(artefacts, confident_top1_agreement=0.5)
-    engine = build_engine(settings, settings.batch_config("cpu"))
+    engine = build_engine(settings.own_model())
     assert engine.precision != "int8"
     assert not any(name.endswith(" int8") for name in engine.backend.describe()["auto"]["rates"])
 
@@ -280,7 +280,7 @@ def test_int8_slower_than_fp32_is_not_served(artefacts: Path, tmp_path: Path) ->
     edit_report(artefacts, images_per_second=10.0, fp32_images_per_second=20.0)
     settings = int8_settings(tmp_path, "onnxruntime")
     with pytest.raises(UngatedModelError, match="slower than fp32"):
-        build_engine(settings, settings.batch_config("cpu"))
+        build_engine(settings.own_model())
 
 
 def test_an_ungated_model_that_disagrees_is_served_only_when_allowed(
@@ -298,10 +298,10 @@ def test_an_ungated_model_that_disagrees_is_served_only_when_allowed(
     export_onnx(Negated(), (3, 224, 224), artefacts)
     settings = int8_settings(tmp_path, "onnxruntime")
     with pytest.raises(UngatedModelError):
-        build_engine(settings, settings.batch_config("cpu"))
+        build_engine(settings.own_model())
     allowed = int8_settings(tmp_path, "onnxruntime", allow_ungated_int8=True)
     with caplog.at_level(logging.CRITICAL, logger="batchserve"):
-        engine = build_engine(allowed, allowed.batch_config("cpu"))
+        engine = build_engine(allowed.own_model())
     assert engine.check is not None
     assert not engine.check["passed"]
     assert "served anyway, ungated" in caplog.text
@@ -316,18 +316,20 @@ def test_a_report_that_cannot_be_believed_without_gate_images_is_refused(
     edit_report(artefacts, cpu_int8_class="another")
     settings = int8_settings(tmp_path, "onnxruntime")
     with pytest.raises(UngatedModelError, match=r"build it again with `python -m app\.quantize"):
-        build_engine(settings, settings.batch_config("cpu"))
+        build_engine(settings.own_model())
 
 
 def test_too_few_gate_images_and_the_gate_refuses_to_judge(tmp_path: Path) -> None:
     settings = int8_settings(tmp_path, "onnxruntime")
     with pytest.raises(StartupError, match=r"at least 30 images \(INT8_GATE_MIN_IMAGES\)"):
-        build_int8(settings, _loaded(settings), photo_folder(tmp_path, 8))  # 4 held out: 24
+        build_int8(
+            settings.own_model(), _loaded(settings), photo_folder(tmp_path, 8)
+        )  # 4 held out: 24
 
 
 def test_a_gate_folder_judges_instead_of_the_held_out_half(tmp_path: Path) -> None:
     settings = int8_settings(tmp_path, "openvino")
-    path = build_int8(settings, _loaded(settings), photo_folder(tmp_path, 3),
+    path = build_int8(settings.own_model(), _loaded(settings), photo_folder(tmp_path, 3),
                       photo_folder(tmp_path, 5, "gate"))  # fmt: skip
     report = json.loads((path.parent / REPORT).read_text())
     assert (report["calibration_photos"], report["gate_photos"]) == (3, 5)
@@ -338,4 +340,4 @@ def test_a_gate_folder_judges_instead_of_the_held_out_half(tmp_path: Path) -> No
 def _loaded(settings: Settings) -> Any:
     from app.engine.factory import load_configured_model
 
-    return load_configured_model(settings)
+    return load_configured_model(settings.own_model())

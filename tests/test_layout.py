@@ -81,3 +81,10 @@ def test_the_front_ends_do_not_import_each_other() -> None:
             if name.startswith(front):
                 crossing = {target for target in targets if target.startswith(other)}
                 assert not crossing, f"{name} imports {crossing}"
+
+
+def test_the_engine_knows_nothing_of_the_process_settings() -> None:
+    """A model's engine is built from its ``ModelConfig`` alone."""
+    for name, targets in import_graph().items():
+        if name.startswith("app.engine"):
+            assert "app.settings" not in targets, f"{name} imports app.settings"

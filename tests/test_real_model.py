@@ -87,14 +87,15 @@ def test_the_gate_refuses_a_model_that_really_is_worse(
     plain = ("qdq" if backend == "onnxruntime" else "nncf") + (
         "-w7" if this_cpu().saturates else "-w8"
     )
-    path = build_int8(settings, load_configured_model(settings), flat, shared["photos"],
+    config = settings.own_model()
+    path = build_int8(config, load_configured_model(config), flat, shared["photos"],
                       recipe=plain)  # fmt: skip
     report = read_json(path.parent / REPORT)
     assert report is not None
     assert not report["passed"]
     assert report["plausible_top1"] < 0.5, report
     with pytest.raises(UngatedModelError, match="did not pass its accuracy gate"):
-        build_engine(settings, settings.batch_config("cpu"))
+        build_engine(settings.own_model())
 
 
 @pytest.mark.slow

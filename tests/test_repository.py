@@ -40,15 +40,15 @@ def test_a_model_and_its_versions_are_read_with_their_settings(tmp_path: Path) -
     spec = read_model(tmp_path, "colors", base)
     assert [v.version for v in spec.versions] == [3, 2]  # the latest two, highest first
     three, two = spec.versions
-    assert (three.settings.max_batch_size, two.settings.max_batch_size) == (4, 16)
-    assert three.settings.weights == str(tmp_path / "colors" / "3" / "model.pt")
-    assert two.settings.weights == "none"
+    assert (three.config.max_batch_size, two.config.max_batch_size) == (4, 16)
+    assert three.config.weights == str(tmp_path / "colors" / "3" / "model.pt")
+    assert two.config.weights == "none"
     # Relative paths resolve against the folder of the file that names them.
-    assert two.settings.labels == tmp_path / "colors" / ".." / "labels.txt"
+    assert two.config.labels == tmp_path / "colors" / ".." / "labels.txt"
     # The process's settings are shared; a model key the config leaves out takes its default,
     # not the environment's.
-    assert three.settings.max_queue_size == 77
-    assert three.settings.top_k == 5
+    assert three.config.max_queue_size == 77
+    assert three.config.top_k == 5
 
 
 @pytest.mark.parametrize(

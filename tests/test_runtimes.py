@@ -72,7 +72,7 @@ def test_artefacts_are_made_once_then_reused(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     settings = runtime_settings(tmp_path, "openvino")
-    build_engine(settings, settings.batch_config("cpu"))
+    build_engine(settings.own_model())
     made = artifact_dirs(settings.artifacts_dir)
     assert len(made) == 2  # the ONNX export and the OpenVINO IR made from it
     assert all("-224-fp32-" in name for name in made)
@@ -82,7 +82,7 @@ def test_artefacts_are_made_once_then_reused(
 
     monkeypatch.setattr(store_module, "export_onnx", no_export)
     monkeypatch.setattr(store_module, "convert_to_openvino", no_export)
-    engine = build_engine(settings, settings.batch_config("cpu"))
+    engine = build_engine(settings.own_model())
     assert engine.check is not None
     assert engine.check["passed"]
     assert artifact_dirs(settings.artifacts_dir) == made
@@ -98,7 +98,7 @@ def test_a_failed_export_leaves_nothing_behind(
     monkeypatch.setattr(store_module, "export_onnx", half_then_crash)
     settings = runtime_settings(tmp_path, "onnxruntime")
     with pytest.raises(RuntimeError, match="exporter crashed"):
-        build_engine(settings, settings.batch_config("cpu"))
+        build_engine(settings.own_model())
     assert artifact_dirs(settings.artifacts_dir) == []  # no partial artefact, no scratch
 
 
@@ -109,11 +109,11 @@ class Doubled(ColorClassifier):
 
 def test_an_artefact_that_disagrees_with_eager_pytorch_stops_start_up(tmp_path: Path) -> None:
     settings = runtime_settings(tmp_path, "onnxruntime")
-    build_engine(settings, settings.batch_config("cpu"))
+    build_engine(settings.own_model())
     (folder,) = settings.artifacts_dir.iterdir()
     export_onnx(Doubled(), (3, 224, 224), folder / ONNX_FILE)  # what a broken exporter makes
     with pytest.raises(CheckFailedError, match="disagrees with eager PyTorch"):
-        build_engine(settings, settings.batch_config("cpu"))
+        build_engine(settings.own_model())
 
 
 @pytest.mark.parametrize(("backend", "module"), [("onnxruntime", "onnxruntime"),
@@ -125,13 +125,13 @@ def test_a_missing_runtime_names_its_extra(
     settings = runtime_settings(tmp_path, backend)
     extra = "onnx" if backend == "onnxruntime" else "openvino"
     with pytest.raises(StartupError, match=rf"pip install 'batchserve\[{extra}\]'"):
-        build_engine(settings, settings.batch_config("cpu"))
+        build_engine(settings.own_model())
 
 
 def test_unsupported_precisions_are_refused(tmp_path: Path) -> None:
     settings = runtime_settings(tmp_path, "onnxruntime", precision="bf16")
     with pytest.raises(StartupError, match="serves fp32 or int8"):
-        build_engine(settings, settings.batch_config("cpu"))
+        build_engine(settings.own_model())
     with pytest.raises(ValueError, match="PRECISION=int8 is served by"):
         make_settings(precision="int8")
 
@@ -148,7 +148,7 @@ def test_auto_serves_the_fastest_installed_backend_and_remembers_why(
     monkeypatch.setattr(choice_module, "images_per_second",
                         lambda backend, *args: made_up[backend.name])  # fmt: skip
     settings = runtime_settings(tmp_path, "auto", precision="auto")
-    engine = build_engine(settings, settings.batch_config("cpu"))
+    engine = build_engine(settings.own_model())
     choice = engine.backend.choice
     assert choice is not None
     rates = choice["rates"]
@@ -167,18 +167,18 @@ def test_auto_serves_the_fastest_installed_backend_and_remembers_why(
     monkeypatch.setattr(choice_module, "images_per_second", measured)
     # Nor PRECISION=auto's fp32 against bf16 (on a CPU with both): the choice kept which.
     monkeypatch.setattr(precision_module, "images_per_second", measured)
-    again = build_engine(settings, settings.batch_config("cpu"))  # a later start
+    again = build_engine(settings.own_model())  # a later start
     assert again.backend.name == engine.backend.name
     assert again.precision == engine.precision == choice["precision"]
     assert again.backend.choice is not None
     assert again.backend.choice["reused"]
     other = runtime_settings(tmp_path, "auto", max_batch_size=4)  # another warm-up batch
     with pytest.raises(AssertionError, match="measured again"):
-        build_engine(other, other.batch_config("cpu"))
+        build_engine(other.own_model())
     # PRECISION=int8: only the INT8 runtimes compete, and none has a gated model here.
     int8 = runtime_settings(tmp_path, "auto", precision="int8")
     with pytest.raises(StartupError, match="no installed backend can serve this model in PRECI"):
-        build_engine(int8, int8.batch_config("cpu"))
+        build_engine(int8.own_model())
 
 
 @pytest.mark.parametrize("native_bf16", [True, False])
@@ -190,11 +190,11 @@ def test_precision_auto_offers_a_runtime_what_it_serves_here(
     openvino = make_settings(backend="openvino", precision="auto")
     onnxruntime = make_settings(backend="onnxruntime", precision="auto")
     bf16 = ("fp32", "bf16") if native_bf16 else ("fp32",)
-    assert factory_module.runtime_precisions(openvino, cpu) == bf16
-    assert factory_module.runtime_precisions(onnxruntime, cpu) == ("fp32",)
-    assert factory_module.runtime_precisions(onnxruntime, cuda) == ("fp32",)
+    assert factory_module.runtime_precisions(openvino.own_model(), cpu) == bf16
+    assert factory_module.runtime_precisions(onnxruntime.own_model(), cpu) == ("fp32",)
+    assert factory_module.runtime_precisions(onnxruntime.own_model(), cuda) == ("fp32",)
     explicit = make_settings(backend="openvino", precision="int8")
-    assert factory_module.runtime_precisions(explicit, cpu) == ("int8",)
+    assert factory_module.runtime_precisions(explicit.own_model(), cpu) == ("int8",)
 
 
 def test_a_backend_choice_is_kept_apart_for_a_cpu_with_native_bf16(
@@ -206,7 +206,7 @@ def test_a_backend_choice_is_kept_apart_for_a_cpu_with_native_bf16(
     paths = set()
     for native in (True, False):
         monkeypatch.setattr(choice_module, "cpu_supports_bf16", lambda native=native: native)
-        paths.add(choice_module.decision_path(settings, "digest", 8, []))
+        paths.add(choice_module.decision_path(settings.own_model(), "digest", 8, []))
     assert len(paths) == 2  # bf16 candidates or none: a choice made without them is not reused
 
 
@@ -223,13 +223,13 @@ def test_openvino_serves_bf16_with_precision_auto_when_it_measures_faster(
     monkeypatch.setattr(precision_module, "images_per_second",
                         lambda backend, *args, **kwargs: rates[backend.precision])  # fmt: skip
     settings = runtime_settings(tmp_path, "openvino", precision="auto")
-    engine = build_engine(settings, settings.batch_config("cpu"))
+    engine = build_engine(settings.own_model())
     assert engine.precision == "bf16"
     assert engine.backend.describe()["measured_images_per_second"] == rates
     assert engine.check is not None
     assert engine.check["passed"]  # at bf16's bounds
     rates["bf16"] = 105.0  # not the 1.1x that a less precise candidate must win by
-    engine = build_engine(settings, settings.batch_config("cpu"))
+    engine = build_engine(settings.own_model())
     assert engine.precision == "fp32"
 
 
@@ -247,7 +247,7 @@ def test_auto_serves_the_simplest_of_candidates_within_the_noise_and_keeps_nothi
     monkeypatch.setattr(choice_module, "images_per_second",
                         lambda backend, *args: next(rounds[backend.name]))  # fmt: skip
     settings = runtime_settings(tmp_path, "auto", precision="fp32")
-    engine = build_engine(settings, settings.batch_config("cpu"))
+    engine = build_engine(settings.own_model())
     choice = engine.backend.choice
     assert choice is not None
     assert engine.backend.name == "torch"
@@ -278,15 +278,15 @@ def test_an_unreadable_kept_decision_is_measured_again_with_a_warning(
     monkeypatch.setattr(choice_module, "images_per_second",
                         lambda backend, *args: made_up[backend.name])  # fmt: skip
     settings = runtime_settings(tmp_path, "auto", precision="fp32")
-    build_engine(settings, settings.batch_config("cpu"))
+    build_engine(settings.own_model())
     (kept,) = (settings.artifacts_dir / "backend-choice").glob("*.json")
     kept.write_text(json.dumps({"chosen": "openvino", "precision": "fp32"}))  # no rates
     with caplog.at_level(logging.WARNING, logger="batchserve"):
-        engine = build_engine(settings, settings.batch_config("cpu"))
+        engine = build_engine(settings.own_model())
     assert engine.backend.name == "onnxruntime"  # measured again, not taken from the file
     assert "ignoring the unreadable backend choice" in caplog.text
     kept.write_text("[1, 2")
-    assert build_engine(settings, settings.batch_config("cpu")).backend.name == "onnxruntime"
+    assert build_engine(settings.own_model()).backend.name == "onnxruntime"
 
 
 def test_auto_serves_the_fastest_candidate_that_passes_its_check(
@@ -297,7 +297,7 @@ def test_auto_serves_the_fastest_candidate_that_passes_its_check(
     # Both runtimes' artefacts exist; then the ONNX model is replaced by a broken export.
     # (OpenVINO's IR was converted before, from the sound one.)
     openvino = runtime_settings(tmp_path, "openvino", precision="fp32")
-    build_engine(openvino, openvino.batch_config("cpu"))
+    build_engine(openvino.own_model())
     (onnx_folder,) = [path for path in openvino.artifacts_dir.iterdir()
                       if "-fp32-onnx-" in path.name]  # fmt: skip
     export_onnx(Doubled(), (3, 224, 224), onnx_folder / ONNX_FILE)
@@ -306,7 +306,7 @@ def test_auto_serves_the_fastest_candidate_that_passes_its_check(
     monkeypatch.setattr(choice_module, "images_per_second",
                         lambda backend, *args: rates[backend.name])  # fmt: skip
     settings = runtime_settings(tmp_path, "auto", precision="fp32")
-    engine = build_engine(settings, settings.batch_config("cpu"))
+    engine = build_engine(settings.own_model())
     assert engine.backend.name == "openvino"
     assert engine.check is not None
     assert engine.check["passed"]
@@ -314,7 +314,7 @@ def test_auto_serves_the_fastest_candidate_that_passes_its_check(
     assert choice is not None
     assert list(choice["rejected"]) == ["onnxruntime"]
     assert "disagrees with eager PyTorch" in choice["rejected"]["onnxruntime"][0]
-    again = build_engine(settings, settings.batch_config("cpu"))  # the kept decision
+    again = build_engine(settings.own_model())  # the kept decision
     assert again.backend.name == "openvino"
 
 
@@ -363,13 +363,13 @@ def test_int8_is_refused_without_a_passing_gate_and_served_with_one(
     conv = "tests.models:conv_color_classifier"
     settings = runtime_settings(tmp_path, backend, precision="int8", model=conv)
     with pytest.raises(UngatedModelError, match=r"python -m app\.quantize"):
-        build_engine(settings, settings.batch_config("cpu"))
+        build_engine(settings.own_model())
 
     calibrated = runtime_settings(
         tmp_path, backend, precision="int8", model=conv,
         calibration_dir=calibration_folder(tmp_path),
     )  # fmt: skip
-    engine = build_engine(calibrated, calibrated.batch_config("cpu"))  # builds it, gates it
+    engine = build_engine(calibrated.own_model())  # builds it, gates it
     assert engine.precision == "int8"
     artifact = Path(engine.backend.describe()["artifact"])
     report = json.loads((artifact.parent / REPORT).read_text())
@@ -381,11 +381,11 @@ def test_int8_is_refused_without_a_passing_gate_and_served_with_one(
     # override.
     write_json(artifact.parent / REPORT, {**report, "confident_top1_agreement": 0.5})
     with pytest.raises(UngatedModelError, match=re.escape(REPORT)):
-        build_engine(settings, settings.batch_config("cpu"))
+        build_engine(settings.own_model())
     forced = runtime_settings(tmp_path, backend, precision="int8", model=conv,
                               allow_ungated_int8=True)  # fmt: skip
     with caplog.at_level(logging.CRITICAL, logger="batchserve"):
-        build_engine(forced, forced.batch_config("cpu"))
+        build_engine(forced.own_model())
     assert "DID NOT PASS ITS ACCURACY GATE" in caplog.text
     shutil.rmtree(settings.artifacts_dir)
 
@@ -399,9 +399,9 @@ def test_onnxruntime_on_cuda_agrees_with_eager_pytorch(tmp_path: Path, precision
     has_tensorrt = "TensorrtExecutionProvider" in onnxruntime.get_available_providers()
     if precision == "fp16" and not has_tensorrt:  # refused rather than run in fp32
         with pytest.raises(StartupError, match="runs on its TensorRT provider"):
-            build_engine(settings, settings.batch_config("cuda"))
+            build_engine(settings.own_model(), settings.own_model().batch_config("cuda"))
         return
-    engine = build_engine(settings, settings.batch_config("cuda"))
+    engine = build_engine(settings.own_model(), settings.own_model().batch_config("cuda"))
     assert engine.check is not None
     assert engine.check["passed"]
     expected = ("TensorrtExecutionProvider",) if precision == "fp16" else (
@@ -434,7 +434,7 @@ def test_export_tool_writes_both_artefacts_that_start_up_then_reuses(tmp_path: P
     assert [path.suffix for path in written] == [".onnx", ".xml"]
     assert all(path.is_file() for path in written)
     before = artifact_dirs(tmp_path / "artifacts")
-    build_engine(runtime_settings(tmp_path, "openvino"), make_settings().batch_config("cpu"))
+    build_engine(runtime_settings(tmp_path, "openvino").own_model())
     assert artifact_dirs(tmp_path / "artifacts") == before  # served from what the tool wrote
 
 
@@ -442,7 +442,7 @@ def test_openvino_on_a_cpu_computes_with_one_stream_of_every_thread(tmp_path: Pa
     # Two batches in flight on a CPU: the second only gets ready ahead, so two streams would
     # leave half of the threads idle while one batch computes.
     settings = runtime_settings(tmp_path, "openvino", max_inflight_batches=2)
-    engine = build_engine(settings, settings.batch_config("cpu"))
+    engine = build_engine(settings.own_model())
     assert engine.max_inflight_batches == 2
     assert engine.backend.describe()["hint"] == "LATENCY"
     assert engine.backend.serialized
@@ -481,7 +481,7 @@ def test_torch_runs_on_one_thread_in_a_runtimes_batches_and_on_all_in_its_own(
     before = torch.get_num_threads()
     try:
         settings = runtime_settings(tmp_path, backend, torch_threads=2)
-        engine = build_engine(settings, settings.batch_config("cpu"))
+        engine = build_engine(settings.own_model())
         if backend == "torch":
             assert torch_threads_in_a_batch(engine, starting=1) == 2
         else:

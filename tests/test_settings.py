@@ -94,16 +94,21 @@ def test_window_defaults() -> None:
     assert load_settings().queue_delay_s == pytest.approx(0.002)
     assert load_settings(latency_slo_ms=200).queue_delay_s == pytest.approx(0.030)
     assert load_settings(latency_slo_ms=200, max_queue_delay_ms=1).queue_delay_s == 0.001
-    config = load_settings(max_batch_size=16, preferred_batch_sizes="8").batch_config("cpu")
+    config = (
+        load_settings(max_batch_size=16, preferred_batch_sizes="8").own_model().batch_config("cpu")
+    )
     assert (config.max_batch_size, config.preferred_batch_sizes) == (16, (8,))
 
 
 def test_batches_in_flight_default_per_device() -> None:
     # Two on a CPU too: the second one only gets ready ahead (serial execution, set by the
     # version once it knows the backend runs one forward pass at a time).
-    assert load_settings().batch_config("cpu").max_inflight_batches == 2
-    assert load_settings().batch_config("cuda").max_inflight_batches == 2
-    assert load_settings(max_inflight_batches=3).batch_config("cpu").max_inflight_batches == 3
+    assert load_settings().own_model().batch_config("cpu").max_inflight_batches == 2
+    assert load_settings().own_model().batch_config("cuda").max_inflight_batches == 2
+    assert (
+        load_settings(max_inflight_batches=3).own_model().batch_config("cpu").max_inflight_batches
+        == 3
+    )
 
 
 def test_queue_bytes_must_hold_the_largest_image() -> None:

@@ -88,7 +88,7 @@ def test_a_runtime_artefact_checked_before_is_not_checked_again(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     settings = make_settings(backend="onnxruntime", artifacts_dir=tmp_path / "artifacts")
-    first = build_engine(settings, settings.batch_config("cpu"))
+    first = build_engine(settings.own_model())
     assert first.check is not None
     assert first.check["passed"]
     assert not first.check.get("reused")
@@ -99,7 +99,7 @@ def test_a_runtime_artefact_checked_before_is_not_checked_again(
         raise AssertionError("checked again")
 
     monkeypatch.setattr(check_module, "startup_check", never)
-    again = build_engine(settings, settings.batch_config("cpu"))
+    again = build_engine(settings.own_model())
     assert again.check is not None
     assert again.check["reused"]
     assert again.check["top1_agreement"] == first.check["top1_agreement"]
@@ -112,7 +112,7 @@ def test_a_runtime_artefact_checked_before_is_not_checked_again(
     model.doc_string = "another export"
     onnx.save(model, str(artefact))
     with pytest.raises(AssertionError, match="checked again"):
-        build_engine(settings, settings.batch_config("cpu"))
+        build_engine(settings.own_model())
 
 
 async def test_a_runtime_backend_makes_the_warm_up_images_while_it_compiles(
@@ -187,7 +187,7 @@ def test_a_read_only_cache_still_starts(
     from app.engine import artifacts
 
     settings = make_settings(backend="onnxruntime", artifacts_dir=tmp_path / "artifacts")
-    first = build_engine(settings, settings.batch_config("cpu"))
+    first = build_engine(settings.own_model())
     record = Path(first.backend.describe()["artifact"]).parent / CHECK_RECORD
     record.unlink()
 
@@ -195,7 +195,7 @@ def test_a_read_only_cache_still_starts(
         raise OSError(errno.EROFS, "Read-only file system", str(path))  # ignores chmod)
 
     monkeypatch.setattr(artifacts, "write_json", read_only)
-    engine = build_engine(settings, settings.batch_config("cpu"))
+    engine = build_engine(settings.own_model())
     assert engine.check is not None
     assert engine.check["passed"]
     assert not record.exists()
@@ -243,11 +243,11 @@ def test_a_kept_artefact_serves_without_building_the_eager_model(
 
     settings = make_settings(model=model, weights="none", backend=backend,
                              precision=precision, artifacts_dir=tmp_path / "artifacts")  # fmt: skip
-    first = build_engine(settings, settings.batch_config("cpu"))
+    first = build_engine(settings.own_model())
     if precision == "bf16":
         assert first.check is not None
         assert not first.check.get("reused")
-    card = card_path(settings)
+    card = card_path(settings.own_model())
     assert card is not None
     assert card.is_file()
 
@@ -255,7 +255,7 @@ def test_a_kept_artefact_serves_without_building_the_eager_model(
         raise AssertionError("the eager model was built")
 
     monkeypatch.setattr(loading_module, "_load_torchvision", never)
-    again = build_engine(settings, settings.batch_config("cpu"))
+    again = build_engine(settings.own_model())
     assert again.backend.name == backend
     assert again.labels == first.labels
     assert again.transform == first.transform
@@ -274,7 +274,7 @@ def test_a_kept_artefact_serves_without_building_the_eager_model(
         f"s = Settings(_env_file=None, model={model!r}, weights='none', "
         f"backend={backend!r}, precision={precision!r}, max_batch_size=8, "
         f"artifacts_dir={str(tmp_path / 'artifacts')!r})\n"
-        "build_engine(s, s.batch_config('cpu')).warmup((1,))\n"
+        "build_engine(s.own_model()).warmup((1,))\n"
         "assert 'torchvision' not in sys.modules, 'torchvision was imported'\n"
     )
     done = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True,
@@ -294,20 +294,22 @@ def test_a_card_that_no_longer_fits_its_weights_stops_the_start(tmp_path: Path) 
 
     settings = make_settings(model=TORCHVISION_MODEL, weights="none", backend="onnxruntime",
                              artifacts_dir=tmp_path / "artifacts")  # fmt: skip
-    first = build_engine(settings, settings.batch_config("cpu"))
-    card = card_path(settings)
+    first = build_engine(settings.own_model())
+    card = card_path(settings.own_model())
     assert card is not None
     kept = json.loads(card.read_text())
     card.write_text(json.dumps({**kept, "digest": "0" * 64}))
     shutil.rmtree(Path(first.backend.describe()["artifact"]).parent)
     with pytest.raises(ModelLoadError, match="remove the card"):
-        build_engine(settings, settings.batch_config("cpu"))
+        build_engine(settings.own_model())
 
 
 def test_a_factory_model_gets_no_card() -> None:
     from app.engine.cards import card_path
 
-    assert card_path(make_settings()) is None  # its code may change under the same settings
+    assert (
+        card_path(make_settings().own_model()) is None
+    )  # its code may change under the same settings
 
 
 def test_a_kept_verdict_holds_only_for_the_options_and_code_that_made_it(
@@ -315,7 +317,7 @@ def test_a_kept_verdict_holds_only_for_the_options_and_code_that_made_it(
 ) -> None:
     settings = make_settings(backend="onnxruntime", artifacts_dir=tmp_path / "artifacts",
                              torch_threads=1)  # fmt: skip
-    first = build_engine(settings, settings.batch_config("cpu"))
+    first = build_engine(settings.own_model())
     record = Path(first.backend.describe()["artifact"]).parent / CHECK_RECORD
     kept = json.loads(record.read_text())
     assert kept["bound_to"]["options"]["intra_op_threads"] == 1
@@ -325,18 +327,18 @@ def test_a_kept_verdict_holds_only_for_the_options_and_code_that_made_it(
         raise AssertionError("checked again")
 
     monkeypatch.setattr(check_module, "startup_check", never)
-    build_engine(settings, settings.batch_config("cpu"))  # the same: believed
+    build_engine(settings.own_model())  # the same: believed
     two = make_settings(backend="onnxruntime", artifacts_dir=tmp_path / "artifacts",
                         torch_threads=2)  # fmt: skip
     with pytest.raises(AssertionError, match="checked again"):
-        build_engine(two, two.batch_config("cpu"))
+        build_engine(two.own_model())
     record.write_text(json.dumps({**kept, "bound_to": {**kept["bound_to"], "code": "older"}}))
     with pytest.raises(AssertionError, match="checked again"):
-        build_engine(settings, settings.batch_config("cpu"))
+        build_engine(settings.own_model())
     record.write_text(json.dumps({"bound_to": kept["bound_to"]}))  # no report: unreadable
     with (
         caplog.at_level(logging.WARNING, logger="batchserve"),
         pytest.raises(AssertionError, match="checked again"),
     ):
-        build_engine(settings, settings.batch_config("cpu"))
+        build_engine(settings.own_model())
     assert "ignoring the unreadable start-up check" in caplog.text

@@ -5,7 +5,7 @@ verdict, or a TorchScript model with its drift verdict) needs the model's labels
 evaluation transform and the digest of its weights (which names the artefacts), not the eager
 module: building that (importing torchvision, initialising or reading the weights, hashing
 them) took a third of a cached start. The first start that builds the model keeps a card of it
-beside the artefacts; later starts with the same settings read the card, and build the module
+beside the artefacts; later starts with the same config read the card, and build the module
 only if something asks for it (a missing artefact, a check to run again).
 
 A card is found by everything the model depends on: the model's name and weights setting, the
@@ -16,7 +16,7 @@ checkpoint again in a thread while the runtime compiles: a file replaced by othe
 the same size under the same modification time (``rsync -a``, ``tar``, images built with
 fixed timestamps) has another sha256, and the start then throws away what the card named and
 builds from the checkpoint (``LoadedModel.stale``). Only torchvision's architectures get cards:
-a ``package.module:factory`` model's code can change under the same settings, so it is always
+a ``package.module:factory`` model's code can change under the same config, so it is always
 built. A module built later for a card must have the card's digest, or the start stops.
 """
 
@@ -36,7 +36,7 @@ from torch import nn
 from app.engine.artifacts import file_sha256, keep_json, weights_digest
 from app.engine.kept import code_fingerprint, read_kept
 from app.engine.loading import ContentCheck, LoadedModel, ModelLoadError
-from app.settings import Settings
+from app.model_config import ModelConfig
 from preprocessing import TransformConfig
 
 logger = logging.getLogger("batchserve")
@@ -66,34 +66,34 @@ def _hub_state() -> list[Any] | None:
     return _file_identity(Path(torch.hub.get_dir()) / "checkpoints")
 
 
-def card_path(settings: Settings) -> Path | None:
-    """Where the card of the model these settings name is kept, or None for a model that gets
+def card_path(config: ModelConfig) -> Path | None:
+    """Where the card of the model these config name is kept, or None for a model that gets
     no card (a factory's)."""
-    if ":" in settings.model:
+    if ":" in config.model:
         return None
-    weights = settings.weights.strip()
-    labels = settings.labels
+    weights = config.weights.strip()
+    labels = config.labels
     checkpoint = Path(weights).is_file()
     key = {
-        "model": settings.model,
+        "model": config.model,
         "weights": weights,
         "checkpoint": _file_identity(Path(weights)) if checkpoint else None,
         # Pretrained weights come from the hub cache (WEIGHTS=auto falls back to random
         # weights when they are not there): a file added or removed there makes a new card.
         "hub": None if checkpoint or weights.lower() == "none" else _hub_state(),
         "labels": hashlib.sha256(labels.read_bytes()).hexdigest() if labels else None,
-        "image_size": settings.image_size,
-        "resize_size": settings.resize_size,
+        "image_size": config.image_size,
+        "resize_size": config.resize_size,
         "versions": {name: _version(name) for name in ("torch", "torchvision")},
         "code": code_fingerprint(),
     }
     digest = hashlib.sha256(json.dumps(key, sort_keys=True).encode()).hexdigest()[:20]
-    return settings.artifacts_dir / FOLDER / f"{digest}.json"
+    return config.artifacts_dir / FOLDER / f"{digest}.json"
 
 
-def checkpoint_of(settings: Settings) -> Path | None:
+def checkpoint_of(config: ModelConfig) -> Path | None:
     """The checkpoint file the weights setting names, if it names one."""
-    path = Path(settings.weights.strip())
+    path = Path(config.weights.strip())
     return path if path.is_file() else None
 
 
@@ -148,7 +148,7 @@ def from_card(
         module = build()
         if weights_digest(module) != digest:
             raise ModelLoadError(
-                f"the model card {path} no longer describes {name} as these settings build it "
+                f"the model card {path} no longer describes {name} as these config build it "
                 f"(its weights changed): remove the card"
             )
         return module
@@ -162,12 +162,12 @@ def from_card(
 
 
 def load_described(
-    settings: Settings, load: Callable[[], LoadedModel], *, use_card: bool = True
+    config: ModelConfig, load: Callable[[], LoadedModel], *, use_card: bool = True
 ) -> LoadedModel:
-    """The model the settings name: from its card when one is kept (and ``use_card``), else
+    """The model the config name: from its card when one is kept (and ``use_card``), else
     ``load()`` (which builds it), keeping a card for the next start."""
-    path = card_path(settings)
-    checkpoint = checkpoint_of(settings)
+    path = card_path(config)
+    checkpoint = checkpoint_of(config)
     if path is not None and use_card:
         described = from_card(path, lambda: load().module, checkpoint)
         if described is not None:

@@ -48,7 +48,7 @@ from app.engine.errors import StartupError
 from app.engine.int8_class import this_cpu
 from app.engine.kept import code_fingerprint, read_kept
 from app.engine.precision import images_per_second
-from app.settings import Settings
+from app.model_config import ModelConfig
 
 logger = logging.getLogger("batchserve")
 
@@ -98,24 +98,24 @@ def _version(distribution: str) -> str:
         return "-"
 
 
-def decision_path(settings: Settings, model_digest: str, rows: int, int8_ready: list[str]) -> Path:
-    """Where the choice for this model, its settings, this CPU, these versions and these INT8
+def decision_path(config: ModelConfig, model_digest: str, rows: int, int8_ready: list[str]) -> Path:
+    """Where the choice for this model, its config, this CPU, these versions and these INT8
     models is kept."""
     key = {
-        "model": settings.model, "weights": model_digest, "precision": settings.precision,
-        "compile": settings.compile, "rows": rows, "threads": settings.intra_op_threads,
-        "image_size": settings.image_size, "cpu": cpu_model(), "int8_class": this_cpu().name,
+        "model": config.model, "weights": model_digest, "precision": config.precision,
+        "compile": config.compile, "rows": rows, "threads": config.threads,
+        "image_size": config.image_size, "cpu": cpu_model(), "int8_class": this_cpu().name,
         # Native bf16 kernels add bf16 candidates (PyTorch's and OpenVINO's) to PRECISION=auto.
         "native_bf16": cpu_supports_bf16(),
         "versions": {name: _version(name) for name in CANDIDATES},
         "candidates": installed(), "int8_ready": sorted(int8_ready), "code": code_fingerprint(),
     }  # fmt: skip
     digest = hashlib.sha256(json.dumps(key, sort_keys=True).encode()).hexdigest()[:20]
-    return settings.artifacts_dir / FOLDER / f"{digest}.json"
+    return config.artifacts_dir / FOLDER / f"{digest}.json"
 
 
 def choose_backend(
-    settings: Settings,
+    config: ModelConfig,
     device: torch.device,
     model_digest: str,
     input_shape: tuple[int, int, int],
@@ -131,15 +131,15 @@ def choose_backend(
     ``device_lock`` is held while a candidate is timed. The fastest candidate that passes its
     check is served, if the rounds can tell it is the fastest."""
     if device.type == "cuda":
-        return build("torch", settings.precision), {
-            "chosen": "torch", "precision": settings.precision,
+        return build("torch", config.precision), {
+            "chosen": "torch", "precision": config.precision,
             "reason": "on a GPU, PyTorch is the design",
         }  # fmt: skip
     ready = (
         [name for name in installed() if name in INT8_RUNTIMES and int8_ready(name)]
-        if settings.precision == "auto" else []
+        if config.precision == "auto" else []
     )  # fmt: skip
-    path = decision_path(settings, model_digest, rows, ready)
+    path = decision_path(config, model_digest, rows, ready)
     kept = read_kept(path, Decision, "backend choice")
     if kept is not None and kept.chosen in installed():
         logger.info("backend auto: %s, measured before (%s)", label(kept.chosen, kept.precision),
@@ -147,7 +147,7 @@ def choose_backend(
         record = read_json(path) or {}
         return build(kept.chosen, kept.precision), {**record, "reused": True}
     built: dict[str, Backend] = {}
-    for name, precision in candidates(settings.precision, ready):
+    for name, precision in candidates(config.precision, ready):
         try:
             built[label(name, precision)] = build(name, precision)
         except StartupError as exc:  # a runtime that cannot serve this model is no candidate
@@ -156,7 +156,7 @@ def choose_backend(
     if not built:
         raise StartupError(
             f"BACKEND=auto: no installed backend can serve this model in "
-            f"PRECISION={settings.precision}"
+            f"PRECISION={config.precision}"
         )
     rounds = measure_in_rounds(built, input_shape, rows, device_lock)
     rates = {key: statistics.median(measured) for key, measured in rounds.items()}

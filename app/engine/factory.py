@@ -1,4 +1,4 @@
-"""Build the engine the settings describe: model, device, backend, precision, artefacts."""
+"""Build the engine the config describe: model, device, backend, precision, artefacts."""
 
 from __future__ import annotations
 
@@ -32,7 +32,7 @@ from app.engine.observer import EngineObserver
 from app.engine.precision import fastest
 from app.engine.startup_check import checked_against_eager, engine_check, is_checked
 from app.engine.store import ensure_onnx, ensure_openvino, input_shape, torchscript_artifact
-from app.settings import Settings
+from app.model_config import ModelConfig
 from app.startup import Phases
 from batching import BatchConfig
 from preprocessing import ImageLimits
@@ -40,18 +40,18 @@ from preprocessing import ImageLimits
 logger = logging.getLogger("batchserve")
 
 
-def load_configured_model(settings: Settings, *, use_card: bool = True) -> LoadedModel:
-    """The model the settings name, with their weights, labels and input sizes: from its kept
+def load_configured_model(config: ModelConfig, *, use_card: bool = True) -> LoadedModel:
+    """The model the config name, with their weights, labels and input sizes: from its kept
     card when there is one (the module is then built only if something needs it)."""
-    return load_described(settings, lambda: load_model(
-        settings.model, settings.weights, settings.labels, settings.image_size,
-        settings.resize_size,
+    return load_described(config, lambda: load_model(
+        config.model, config.weights, config.labels, config.image_size,
+        config.resize_size,
     ), use_card=use_card)  # fmt: skip
 
 
 def build_engine(
-    settings: Settings,
-    config: BatchConfig,
+    config: ModelConfig,
+    batching: BatchConfig | None = None,
     observer: EngineObserver | None = None,
     *,
     device_lock: threading.Lock | None = None,
@@ -59,35 +59,37 @@ def build_engine(
 ) -> InferenceEngine:
     """Load the configured model onto the configured device and backend, in its precision.
 
-    ``config`` is the batcher's configuration (``settings.batch_config``): the engine sizes
-    its slots and batch buckets from it. A backend other than PyTorch serves from an exported
-    artefact (made here when missing) and only after it agrees with eager PyTorch.
+    ``batching`` is the batcher's configuration (by default ``config.batch_config`` for the
+    device): the engine sizes its slots and batch buckets from it. A backend other than
+    PyTorch serves from an exported artefact (made here when missing) and only after it
+    agrees with eager PyTorch.
     ``device_lock``, shared by the engines of one device, keeps their forward passes from
     running at once. ``phases`` gets the time of each start-up phase.
     """
     phases = phases or Phases()
-    device = resolve_device(settings.device, settings.worker_index)
-    torch.set_num_threads(settings.intra_op_threads)
+    device = resolve_device(config.device, config.worker_index)
+    batching = batching or config.batch_config(device.type)
+    torch.set_num_threads(config.threads)
     with phases.phase("weights"):
-        loaded = load_configured_model(settings)
-    engine = _engine_for(loaded, settings, config, observer, device, device_lock, phases)
+        loaded = load_configured_model(config)
+    engine = _engine_for(loaded, config, batching, observer, device, device_lock, phases)
     if loaded.stale():  # its checkpoint was hashed while the runtime compiled
         logger.warning(
             "%s: the checkpoint %s holds other weights than its model card says (same size and "
             "modification time, other contents): building from the checkpoint",
-            loaded.name, settings.weights,
+            loaded.name, config.weights,
         )  # fmt: skip
         del engine
         with phases.phase("weights"):
-            loaded = load_configured_model(settings, use_card=False)
-        engine = _engine_for(loaded, settings, config, observer, device, device_lock, phases)
+            loaded = load_configured_model(config, use_card=False)
+        engine = _engine_for(loaded, config, batching, observer, device, device_lock, phases)
     return engine
 
 
 def _engine_for(
     loaded: LoadedModel,
-    settings: Settings,
-    config: BatchConfig,
+    config: ModelConfig,
+    batching: BatchConfig,
     observer: EngineObserver | None,
     device: torch.device,
     device_lock: threading.Lock | None,
@@ -95,17 +97,17 @@ def _engine_for(
 ) -> InferenceEngine:
     """The engine of ``loaded`` on the configured backend and precision."""
     limits = ImageLimits(
-        max_pixels=settings.max_image_pixels, resize_size=loaded.transform.resize_size,
-        min_side=settings.min_image_size,
+        max_pixels=config.max_image_pixels, resize_size=loaded.transform.resize_size,
+        min_side=config.min_image_size,
     )  # fmt: skip
 
     def engine_of(backend: Backend) -> InferenceEngine:
         return InferenceEngine(
             loaded, backend, limits=limits, observer=observer,
-            max_batch_size=config.max_batch_size, buckets=config.batch_buckets,
-            max_inflight_batches=config.max_inflight_batches,
-            decode_on_device=resolve_decode_device(settings.decode_device, device),
-            device_lock=device_lock, torch_threads=torch_threads_in_batches(backend, settings),
+            max_batch_size=batching.max_batch_size, buckets=batching.batch_buckets,
+            max_inflight_batches=batching.max_inflight_batches,
+            decode_on_device=resolve_decode_device(config.decode_device, device),
+            device_lock=device_lock, torch_threads=torch_threads_in_batches(backend, config),
         )  # fmt: skip
 
     # Candidates (of a precision or a backend) whose start-up check passed, and its report.
@@ -121,33 +123,33 @@ def _engine_for(
             return [str(exc)]
         return []
 
-    if settings.backend == "auto":
+    if config.backend == "auto":
         spent_before = _spent_elsewhere(phases)
         choosing = time.perf_counter()
         backend, choice = choose_backend(
-            settings, device, loaded_digest(loaded), input_shape(loaded),
-            min(8, config.max_batch_size),
+            config, device, loaded_digest(loaded), input_shape(loaded),
+            min(8, batching.max_batch_size),
             lambda name, precision: _build_backend(
-                settings.with_backend(name, precision), loaded, device, config, phases,
+                config.with_backend(name, precision), loaded, device, batching, phases,
                 failures_of, own_copy=True,
             ),
-            lambda name: int8_ready(settings.with_backend(name, "int8"), loaded),
+            lambda name: int8_ready(config.with_backend(name, "int8"), loaded),
             failures_of, device_lock,
         )  # fmt: skip
         # Measuring (and building the candidates that lost) is the choice's own time.
         phases.add("choice", time.perf_counter() - choosing
                    - (_spent_elsewhere(phases) - spent_before))  # fmt: skip
         backend.choice = choice
-        settings = settings.with_backend(backend.name, choice["precision"])
+        config = config.with_backend(backend.name, choice["precision"])
     else:
-        backend = _build_backend(settings, loaded, device, config, phases, failures_of)
+        backend = _build_backend(config, loaded, device, batching, phases, failures_of)
     engine = engine_of(backend)
     if is_checked(backend):
         engine.check = checks.get(backend) or engine_check(engine, loaded, device, phases)
     return engine
 
 
-def torch_threads_in_batches(backend: Backend, settings: Settings) -> int:
+def torch_threads_in_batches(backend: Backend, config: ModelConfig) -> int:
     """How many threads torch uses in a batch: every one the forward pass may use where torch
     runs it (or a GPU does), one where a runtime on the CPU does.
 
@@ -159,7 +161,7 @@ def torch_threads_in_batches(backend: Backend, settings: Settings) -> int:
     (``benchmarks/results/torch-threads-resnet18.md``).
     """
     if backend.name == "torch" or backend.device.type != "cpu":
-        return settings.intra_op_threads
+        return config.threads
     return 1
 
 
@@ -169,44 +171,44 @@ def _spent_elsewhere(phases: Phases) -> float:
 
 
 def _build_backend(
-    settings: Settings,
+    config: ModelConfig,
     loaded: LoadedModel,
     device: torch.device,
-    config: BatchConfig,
+    batching: BatchConfig,
     phases: Phases,
     failures_of: Callable[[Backend], list[str]] | None = None,
     *,
     own_copy: bool = False,
 ) -> Backend:
-    if settings.backend == "torch":
+    if config.backend == "torch":
         # Its own copy when other backends may be built from the same module after it.
-        return torch_backend(settings, loaded.copied() if own_copy else loaded, device, config,
+        return torch_backend(config, loaded.copied() if own_copy else loaded, device, batching,
                              phases, failures_of)  # fmt: skip
-    return runtime_backend(settings, loaded, device, config, phases, failures_of)
+    return runtime_backend(config, loaded, device, batching, phases, failures_of)
 
 
 def torch_backend(
-    settings: Settings,
+    config: ModelConfig,
     loaded: LoadedModel,
     device: torch.device,
-    config: BatchConfig,
+    batching: BatchConfig,
     phases: Phases | None = None,
     failures_of: Callable[[Backend], list[str]] | None = None,
 ) -> Backend:
     phases = phases or Phases()
-    candidates = precision_candidates(settings.precision, device)
+    candidates = precision_candidates(config.precision, device)
     shape = input_shape(loaded)
 
-    mode = resolve_compile(settings.compile, device)
+    mode = resolve_compile(config.compile, device)
 
     def build(precision: str) -> Backend:
         dtype = DTYPES[precision]
-        artifact = (torchscript_artifact(settings.artifacts_dir, loaded, dtype, device)
+        artifact = (torchscript_artifact(config.artifacts_dir, loaded, dtype, device)
                     if mode == "torchscript" else None)  # fmt: skip
         compiled = kept(artifact, dtype, device) if artifact is not None else None
         if compiled is not None:  # checked against this model before: no eager model needed
             return TorchBackend(None, device, dtype, shape, compile_mode=mode,
-                                cuda_graphs=settings.cuda_graphs, compiled=compiled,
+                                cuda_graphs=config.cuda_graphs, compiled=compiled,
                                 compiled_artifact=artifact)  # fmt: skip
         # .to(dtype) changes a module in place: each of several candidates converts a copy,
         # and so does one that is checked, so that the loaded module stays the fp32 reference.
@@ -214,13 +216,13 @@ def torch_backend(
         alone = len(candidates) == 1 and not checked
         module = loaded.module if alone else copy.deepcopy(loaded.module)
         return TorchBackend(
-            module, device, dtype, shape, compile_mode=mode, cuda_graphs=settings.cuda_graphs,
+            module, device, dtype, shape, compile_mode=mode, cuda_graphs=config.cuda_graphs,
             compiled_artifact=artifact,
         )  # fmt: skip
 
     names = [NAMES[dtype] for dtype in candidates]
     with phases.phase("compile"):  # TorchScript: traced and frozen, or loaded
-        backend, rates = fastest(names, build, shape, min(8, config.max_batch_size), failures_of)
+        backend, rates = fastest(names, build, shape, min(8, batching.max_batch_size), failures_of)
     backend.measured_rates = rates
     return backend
 
@@ -228,7 +230,7 @@ def torch_backend(
 # -- inference runtimes -------------------------------------------------------------------
 
 
-def runtime_precisions(settings: Settings, device: torch.device) -> tuple[str, ...]:
+def runtime_precisions(config: ModelConfig, device: torch.device) -> tuple[str, ...]:
     """The precisions a runtime may serve here, most accurate first. ``PRECISION=auto`` is
     fp32, and on a CPU with native bf16 kernels OpenVINO's bf16 too, measured against it as
     PyTorch's precisions are (resnet18's forward pass: 224 images/s in bf16 against 105 in fp32
@@ -238,35 +240,35 @@ def runtime_precisions(settings: Settings, device: torch.device) -> tuple[str, .
         ("onnxruntime", "cpu"): ("fp32", "int8"),
         ("onnxruntime", "cuda"): ("fp32", "fp16"),
         ("openvino", "cpu"): ("fp32", "bf16", "int8"),
-    }.get((settings.backend, device.type), ())
-    if settings.precision == "auto" and "fp32" in supported:
+    }.get((config.backend, device.type), ())
+    if config.precision == "auto" and "fp32" in supported:
         bf16 = "bf16" in supported and cpu_supports_bf16()
         return ("fp32", "bf16") if bf16 else ("fp32",)
-    if settings.precision not in supported:
+    if config.precision not in supported:
         served = " or ".join(supported) or "nothing"
         raise StartupError(
-            f"BACKEND={settings.backend} on {device.type} serves {served}, "
-            f"not PRECISION={settings.precision}"
+            f"BACKEND={config.backend} on {device.type} serves {served}, "
+            f"not PRECISION={config.precision}"
         )
-    return (settings.precision,)
+    return (config.precision,)
 
 
 def runtime_backend(
-    settings: Settings,
+    config: ModelConfig,
     loaded: LoadedModel,
     device: torch.device,
-    config: BatchConfig,
+    batching: BatchConfig,
     phases: Phases | None = None,
     failures_of: Callable[[Backend], list[str]] | None = None,
 ) -> Backend:
     phases = phases or Phases()
-    precisions = runtime_precisions(settings, device)
-    root = settings.artifacts_dir
+    precisions = runtime_precisions(config, device)
+    root = config.artifacts_dir
     gate = None
     with phases.phase("artefacts"):  # found, or exported, converted or quantised now
         if precisions == ("int8",):
-            path, gate = gated_int8(settings, loaded)
-        elif settings.backend == "onnxruntime":
+            path, gate = gated_int8(config, loaded)
+        elif config.backend == "onnxruntime":
             path = ensure_onnx(root, loaded)
         else:  # one IR for every precision: OpenVINO converts when it compiles
             path = ensure_openvino(root, loaded, "fp32")
@@ -277,16 +279,16 @@ def runtime_backend(
     # Batches that run one at a time (a CPU: the second slot only gets ready ahead) want one
     # OpenVINO stream with every thread; THROUGHPUT would give each of two streams half of
     # the threads while only one of them computes.
-    concurrent = 1 if config.serial_execution else config.max_inflight_batches
+    concurrent = 1 if batching.serial_execution else batching.max_inflight_batches
 
     def build(precision: str) -> Backend:
-        return open_runtime(settings.backend, path, precision=precision,
-                            threads=settings.intra_op_threads, classes=len(loaded.labels),
+        return open_runtime(config.backend, path, precision=precision,
+                            threads=config.threads, classes=len(loaded.labels),
                             device=device, concurrent_batches=concurrent)  # fmt: skip
 
     with phases.phase("compile"):  # the runtime's session or compiled model (per precision)
         backend, rates = fastest(precisions, build, input_shape(loaded),
-                                 min(8, config.max_batch_size), failures_of)  # fmt: skip
+                                 min(8, batching.max_batch_size), failures_of)  # fmt: skip
     backend.measured_rates = rates or None
     backend.int8_gate = gate
     return backend

@@ -26,37 +26,37 @@ from app.engine.int8_report import (
 from app.engine.loading import LoadedModel, loaded_digest
 from app.engine.quantize import build_int8
 from app.engine.store import int8_artifact, int8_key
-from app.settings import Settings
+from app.model_config import ModelConfig
 
 logger = logging.getLogger("batchserve")
 
 
-def int8_ready(settings: Settings, loaded: LoadedModel) -> bool:
+def int8_ready(config: ModelConfig, loaded: LoadedModel) -> bool:
     """True when this backend's INT8 model exists and its accuracy gate passes here (nothing
     is built: what ``BACKEND=auto`` may choose with ``PRECISION=auto``)."""
-    path = int8_artifact(settings.artifacts_dir, loaded, settings.backend)
-    return path is not None and bool(judge_stored(settings, loaded, path)["passed"])
+    path = int8_artifact(config.artifacts_dir, loaded, config.backend)
+    return path is not None and bool(judge_stored(config, loaded, path)["passed"])
 
 
-def gated_int8(settings: Settings, loaded: LoadedModel) -> tuple[Path, dict[str, Any]]:
+def gated_int8(config: ModelConfig, loaded: LoadedModel) -> tuple[Path, dict[str, Any]]:
     """The INT8 artefact for this backend, only if its accuracy report holds here (see
     ``int8_report``), with what ``/v1/models`` shows of the report."""
-    key = int8_key(loaded, settings.backend)
-    path = int8_artifact(settings.artifacts_dir, loaded, settings.backend)
-    if settings.calibration_dir is not None:  # built now unless made from these images
-        path = build_int8(settings, loaded, settings.calibration_dir)
+    key = int8_key(loaded, config.backend)
+    path = int8_artifact(config.artifacts_dir, loaded, config.backend)
+    if config.calibration_dir is not None:  # built now unless made from these images
+        path = build_int8(config, loaded, config.calibration_dir)
     if path is None:
         raise UngatedModelError(
-            f"no INT8 model for {loaded.name} under {key.path(settings.artifacts_dir)}: build "
+            f"no INT8 model for {loaded.name} under {key.path(config.artifacts_dir)}: build "
             f"one with `python -m app.quantize --calibration DIR` (it runs the accuracy gate), "
             f"or set CALIBRATION_DIR to build it at start-up"
         )
     report_path = path.parent / REPORT
-    summary = judge_stored(settings, loaded, path)
+    summary = judge_stored(config, loaded, path)
     if not summary["failures"]:
         return path, summary
     why = "; ".join(summary["failures"])
-    if not settings.allow_ungated_int8:
+    if not config.allow_ungated_int8:
         raise UngatedModelError(
             f"the INT8 model {path} did not pass its accuracy gate ({why}); see {report_path}. "
             f"ALLOW_UNGATED_INT8=true serves it anyway"
@@ -69,21 +69,21 @@ def gated_int8(settings: Settings, loaded: LoadedModel) -> tuple[Path, dict[str,
     return path, summary
 
 
-def judge_stored(settings: Settings, loaded: LoadedModel, path: Path) -> dict[str, Any]:
-    """The verdict on the INT8 artefact at ``path`` under this start-up's settings: from its
+def judge_stored(config: ModelConfig, loaded: LoadedModel, path: Path) -> dict[str, Any]:
+    """The verdict on the INT8 artefact at ``path`` under this start-up's config: from its
     report's figures when they are bound to what is served here, else from the gate run
     again on the held-out images stored beside it. What ``/v1/models`` shows of it."""
-    bounds = int8_bounds(settings)
+    bounds = int8_bounds(config)
     report = read_json(path.parent / REPORT)
     bound_to = binding(
-        loaded, loaded_digest(loaded), path, settings.backend, settings.intra_op_threads
+        loaded, loaded_digest(loaded), path, config.backend, config.threads
     )
     reasons = reasons_to_rejudge(report, bound_to, bounds)
     if report is not None and not reasons:
         figures = report
     else:
         logger.warning("judging the INT8 model %s again: %s", path, "; ".join(reasons))
-        figures = _rejudge(settings, loaded, path, bounds, report)
+        figures = _rejudge(config, loaded, path, bounds, report)
     summary = {key: figures.get(key) for key in _SHOWN}
     summary |= {"failures": int8_failures(figures, bounds), "judged_again": bool(reasons),
                 "bounds": asdict(bounds), "cpu_int8_class": this_cpu().name}  # fmt: skip
@@ -99,7 +99,7 @@ _SHOWN = (
 
 
 def _rejudge(
-    settings: Settings,
+    config: ModelConfig,
     loaded: LoadedModel,
     path: Path,
     bounds: Bounds,
@@ -107,14 +107,14 @@ def _rejudge(
 ) -> dict[str, Any]:
     stored = path.parent / GATE_IMAGES
     images = [item.read_bytes() for item in sorted(stored.iterdir())] if stored.is_dir() else []
-    if len(images) < settings.int8_gate_min_images:
+    if len(images) < config.int8_gate_min_images:
         return {"failures": [
             f"its report cannot be used here and {len(images)} held-out images are stored "
-            f"beside it (INT8_GATE_MIN_IMAGES={settings.int8_gate_min_images}): build it again "
+            f"beside it (INT8_GATE_MIN_IMAGES={config.int8_gate_min_images}): build it again "
             f"with `python -m app.quantize --calibration DIR`"
         ]}  # fmt: skip
-    backend = open_runtime(settings.backend, path, precision="int8",
-                           threads=settings.intra_op_threads, classes=len(loaded.labels))
+    backend = open_runtime(config.backend, path, precision="int8",
+                           threads=config.threads, classes=len(loaded.labels))
     reference = probabilities(eager_reference(loaded), images)
     figures = compare(reference, probabilities(engine_for(loaded, backend), images))
     # The speed measured when it was built, if the report is this artefact's.

@@ -4,9 +4,9 @@ The report stored beside an INT8 artefact holds the gate's figures and what they
 on: the artefact's digest, the model's weights, the preprocessing, the CPU's INT8 class, the
 runtime's version and threads, and the code that judged. A start-up believes the figures only
 when all of that matches what it is about to serve, and judges them by the bounds in its own
-settings, never by the stored ``passed`` alone. Anything else (the artefact was replaced, the
+config, never by the stored ``passed`` alone. Anything else (the artefact was replaced, the
 report belongs to another model or is unreadable, the artefact moved to a CPU whose INT8
-arithmetic differs, the runtime or the code changed, or the settings ask for stricter bounds
+arithmetic differs, the runtime or the code changed, or the config ask for stricter bounds
 than those it was judged by) re-runs the gate on the held-out images stored beside the
 artefact before the model may serve.
 """
@@ -23,7 +23,7 @@ from app.engine.gate import Bounds, looser, verdict
 from app.engine.int8_class import this_cpu
 from app.engine.kept import code_fingerprint
 from app.engine.loading import LoadedModel
-from app.settings import Settings
+from app.model_config import ModelConfig
 
 GATE_IMAGES = "gate"  # the folder of held-out images beside an INT8 artefact
 
@@ -145,7 +145,7 @@ def reasons_to_rejudge(
     ]
     stricter = looser(report.get("bounds") or {}, bounds)
     if stricter:
-        reasons.append(f"the settings ask for stricter bounds ({', '.join(stricter)})")
+        reasons.append(f"the config ask for stricter bounds ({', '.join(stricter)})")
     return reasons
 
 
@@ -175,11 +175,11 @@ def int8_failures(report: dict[str, Any], bounds: Bounds) -> list[str]:
     return failures
 
 
-def int8_bounds(settings: Settings) -> Bounds:
-    """The gate's bounds, from the settings (``INT8_GATE_*``)."""
+def int8_bounds(config: ModelConfig) -> Bounds:
+    """The gate's bounds, from the config (``INT8_GATE_*``)."""
     return Bounds(
-        min_confident_top1_agreement=settings.int8_gate_min_confident_top1_agreement,
-        min_plausible_top1=settings.int8_gate_min_plausible_top1,
-        max_mean_total_variation=settings.int8_gate_max_mean_total_variation,
-        max_probability_difference=settings.int8_gate_max_probability_difference,
+        min_confident_top1_agreement=config.int8_gate_min_confident_top1_agreement,
+        min_plausible_top1=config.int8_gate_min_plausible_top1,
+        max_mean_total_variation=config.int8_gate_max_mean_total_variation,
+        max_probability_difference=config.int8_gate_max_probability_difference,
     )

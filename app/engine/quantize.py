@@ -53,7 +53,7 @@ from app.engine.int8_report import (
 from app.engine.loading import LoadedModel, loaded_digest
 from app.engine.precision import side_by_side
 from app.engine.store import ensure_onnx, ensure_openvino, input_shape, int8_key
-from app.settings import Settings
+from app.model_config import ModelConfig
 from preprocessing import ImageLimits, normalize_into, prepare
 
 logger = logging.getLogger("batchserve")
@@ -151,9 +151,9 @@ class _Runtime:
     """What differs between the runtimes: the artefact's file, the backend that runs it, the
     fp32 artefact and quantizer for this model, and the recipes in order."""
 
-    def __init__(self, settings: Settings, loaded: LoadedModel, work: Path) -> None:
-        self.name = settings.backend
-        self.threads = settings.intra_op_threads
+    def __init__(self, config: ModelConfig, loaded: LoadedModel, work: Path) -> None:
+        self.name = config.backend
+        self.threads = config.threads
         self.loaded = loaded
         self.file = OPENVINO_FILE if self.name == "openvino" else ONNX_FILE
         self.work = work
@@ -203,16 +203,16 @@ class ImageSets:
     gate: list[bytes]
 
     @classmethod
-    def from_folders(cls, settings: Settings, calibration: Path, gate: Path | None) -> ImageSets:
+    def from_folders(cls, config: ModelConfig, calibration: Path, gate: Path | None) -> ImageSets:
         photos = load_images(calibration)
         if gate is None:
             calibration_photos, gate_photos = split(photos)
         else:
             calibration_photos, gate_photos = photos, load_images(gate)
         judged_on = gate_images(gate_photos)
-        if len(judged_on) < settings.int8_gate_min_images:
+        if len(judged_on) < config.int8_gate_min_images:
             raise StartupError(
-                f"the INT8 gate needs at least {settings.int8_gate_min_images} images "
+                f"the INT8 gate needs at least {config.int8_gate_min_images} images "
                 f"(INT8_GATE_MIN_IMAGES) and would have {len(judged_on)}: {len(gate_photos)} "
                 f"held-out photos and {len(judged_on) - len(gate_photos)} variants of them. "
                 f"Give the calibration folder more photos (every other one is held out for "
@@ -233,7 +233,7 @@ class ImageSets:
 
 
 def build_int8(
-    settings: Settings,
+    config: ModelConfig,
     loaded: LoadedModel,
     calibration: Path,
     gate: Path | None = None,
@@ -242,20 +242,20 @@ def build_int8(
     rebuild: bool = False,
     target: Int8Class | None = None,
 ) -> Path:
-    """Make the INT8 artefact for ``settings.backend`` with its gate report. One made from the
+    """Make the INT8 artefact for ``config.backend`` with its gate report. One made from the
     same images (and recipe, if one is named) is reused unless ``rebuild``; one made from
     others is replaced. ``recipe`` tries that recipe alone instead of the CPU's order;
     ``target`` takes the recipes of another CPU class (the gate still judges on this CPU, and
     the target's start-up judges again on its own)."""
-    root = settings.artifacts_dir
-    key = int8_key(loaded, settings.backend)
-    runtime_file = OPENVINO_FILE if settings.backend == "openvino" else ONNX_FILE
-    if recipe is not None and not is_recipe(settings.backend, recipe):
+    root = config.artifacts_dir
+    key = int8_key(loaded, config.backend)
+    runtime_file = OPENVINO_FILE if config.backend == "openvino" else ONNX_FILE
+    if recipe is not None and not is_recipe(config.backend, recipe):
         raise StartupError(
-            f"{settings.backend} has no INT8 recipe {recipe!r}: "
-            f"{RECIPE_FORMS.get(settings.backend, 'none')}"
+            f"{config.backend} has no INT8 recipe {recipe!r}: "
+            f"{RECIPE_FORMS.get(config.backend, 'none')}"
         )
-    sets = ImageSets.from_folders(settings, calibration, gate)
+    sets = ImageSets.from_folders(config, calibration, gate)
     described = sets.describe()
     existing = find(root, key, runtime_file)
     if existing is not None and not rebuild:
@@ -265,12 +265,12 @@ def build_int8(
         if same and recipe in (None, made.get("recipe")):
             return existing
     judged_on = sets.gate
-    bounds = int8_bounds(settings)
+    bounds = int8_bounds(config)
 
     with building(root, key, replace=True) as scratch:
         work = scratch / "work"
         work.mkdir()
-        runtime = _Runtime(settings, loaded, work)
+        runtime = _Runtime(config, loaded, work)
         fp32_backend, fp32_path = runtime.fp32_backend(root)
         reference_engine = eager_reference(loaded)
         reference = probabilities(reference_engine, judged_on)
@@ -318,11 +318,11 @@ def build_int8(
                 loaded,
                 loaded_digest(loaded),
                 scratch / runtime.file,
-                settings.backend,
+                config.backend,
                 runtime.threads,
             ),
             **figures,
-            "backend": settings.backend,
+            "backend": config.backend,
             "weights": loaded.weights,
             "reference": "eager PyTorch fp32",
             "cpu": this_cpu().describe(),

@@ -23,6 +23,7 @@ import torch
 from app.engine import InferenceEngine, InferenceRequest, Prediction
 from app.errors import InvalidInputError, InvalidParameterError, NotReadyError, OverloadedError
 from app.metrics import Metrics
+from app.model_config import ModelConfig
 from app.serving.admission import Admission, Ticket
 from app.serving.decoding import PriorityPool
 from app.serving.registry import Registry
@@ -148,7 +149,7 @@ class Predictor:
         if priority is None:
             return False
         try:
-            level = _level(serving.settings, priority)
+            level = _level(serving.config, priority)
         except InvalidParameterError:
             return False  # refused as invalid later, where the request's errors are answered
         versions = self.registry.models.get(serving.model, {}).values()
@@ -173,7 +174,7 @@ class Predictor:
             raise InvalidParameterError("the timeout must be a positive number")
         batcher = admitted.batcher
         waited = time.perf_counter() - arrived
-        settings = admitted.version.settings
+        settings = admitted.version.config
         # A client may shorten its deadline at will, but lengthen it only up to the cap.
         allowed = min(timeout_s or settings.request_timeout_s, settings.max_request_timeout_s)
         return batcher.now() + allowed - waited
@@ -181,7 +182,7 @@ class Predictor:
     def top_k(self, admitted: Admitted, requested: int | None) -> int:
         """How many classes to return: ``requested`` (None: the model's ``TOP_K``), at most
         the model's classes."""
-        k = admitted.version.settings.top_k if requested is None else requested
+        k = admitted.version.config.top_k if requested is None else requested
         classes = admitted.engine.num_classes
         if not 1 <= k <= classes:
             raise InvalidParameterError(f"top_k must be at most {classes}")
@@ -190,7 +191,7 @@ class Predictor:
     def priority_level(self, admitted: Admitted, priority: int | None) -> int:
         """The batcher level of a priority on the protocol's scale: 1 first, up to
         ``PRIORITY_LEVELS``; 0 or None is ``DEFAULT_PRIORITY``."""
-        return _level(admitted.version.settings, priority)
+        return _level(admitted.version.config, priority)
 
     async def prepare(
         self, admitted: Admitted, inputs: Inputs, level: int | None = None
@@ -209,7 +210,7 @@ class Predictor:
             self.metrics.on_reject("overloaded", admitted.version.model)
             raise
         if level is None:
-            level = admitted.version.settings.default_priority - 1
+            level = admitted.version.config.default_priority - 1
         stage = admitted.version.metrics.observe_stage
         if inputs.kind == "encoded":
             if len(inputs) == 1:  # most requests: no task and no gathering future for one job
@@ -307,12 +308,12 @@ def _normalized_images(array: np.ndarray[Any, Any]) -> list[PreparedImage]:
     return [prepare_normalized(image) for image in values]
 
 
-def _level(settings: Settings, priority: int | None) -> int:
-    if priority is not None and not 0 <= priority <= settings.priority_levels:
+def _level(config: ModelConfig, priority: int | None) -> int:
+    if priority is not None and not 0 <= priority <= config.priority_levels:
         raise InvalidParameterError(
-            f"priority must be between 0 (the default) and {settings.priority_levels}"
+            f"priority must be between 0 (the default) and {config.priority_levels}"
         )
-    return (priority or settings.default_priority) - 1
+    return (priority or config.default_priority) - 1
 
 
 def held_bytes(image: PreparedImage) -> int:

@@ -167,7 +167,7 @@ class Registry:
             try:
                 for version_spec in spec.versions:
                     version = ModelVersion(
-                        name, version_spec.version, version_spec.settings,
+                        name, version_spec.version, version_spec.config,
                         self.metrics.version(name, str(version_spec.version)),
                     )  # fmt: skip
                     built.append(version)
@@ -304,7 +304,7 @@ class Registry:
     def _device_lock(self, version: ModelVersion) -> threading.Lock:
         from app.engine import resolve_device
 
-        settings = version.settings
+        settings = version.config
         device = str(resolve_device(settings.device, settings.worker_index))
         return self._device_locks.setdefault(device, threading.Lock())
 

@@ -27,7 +27,8 @@ from typing import Any
 from pydantic import ValidationError
 
 from app.errors import BadRequestError
-from app.settings import MODEL_KEYS, MODEL_NAME_PATTERN, Settings, error_lines
+from app.model_config import MODEL_KEYS, ModelConfig
+from app.settings import MODEL_NAME_PATTERN, Settings, error_lines
 
 CONFIG = "config.toml"
 WEIGHT_FILES = ("model.pt", "model.pth")
@@ -42,11 +43,11 @@ class RepositoryError(ValueError):
 
 @dataclass(frozen=True)
 class VersionSpec:
-    """One version of a model, and the settings it is built with."""
+    """One version of a model, and the configuration it is built with."""
 
     model: str
     version: int
-    settings: Settings
+    config: ModelConfig
 
 
 @dataclass(frozen=True)
@@ -63,7 +64,8 @@ class ModelSpec:
 
 def single_model(settings: Settings) -> ModelSpec:
     """Without a repository: the model of the settings, version 1."""
-    return ModelSpec(settings.served_name, (VersionSpec(settings.served_name, 1, settings),))
+    return ModelSpec(settings.served_name,
+                     (VersionSpec(settings.served_name, 1, settings.own_model()),))  # fmt: skip
 
 
 def model_names(root: Path) -> list[str]:
@@ -78,10 +80,10 @@ def read_model(root: Path, name: str, base: Settings) -> ModelSpec:
     config_path = folder / CONFIG
     if not re.fullmatch(MODEL_NAME_PATTERN, name) or not config_path.is_file():
         raise RepositoryError(f"no model {name!r} in {root} (no {name}/{CONFIG})")
-    config = _read_toml(config_path)
+    document = _read_toml(config_path)
     problems: list[str] = []
-    policy = _policy(config, config_path, problems)
-    values = _model_values(config, config_path, problems, POLICY_KEYS)
+    policy = _policy(document, config_path, problems)
+    values = _model_values(document, config_path, problems, POLICY_KEYS)
     found = sorted(
         (int(path.name) for path in folder.iterdir() if path.is_dir() and path.name.isdigit()),
         reverse=True,
@@ -103,12 +105,12 @@ def read_model(root: Path, name: str, base: Settings) -> ModelSpec:
                     break
         where = override_path if override_path.is_file() else config_path
         try:
-            settings = base.for_model({**values, **overrides})
+            config = base.for_model({**values, **overrides}, name)
         except ValidationError as exc:
             lines = error_lines(exc, lambda key: key or "config")
             problems += [f"{where}: {line}" for line in lines]
             continue
-        versions.append(VersionSpec(name, version, settings))
+        versions.append(VersionSpec(name, version, config))
     if problems:
         raise RepositoryError("\n".join(problems))
     return ModelSpec(name, tuple(versions))

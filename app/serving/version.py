@@ -20,7 +20,7 @@ from typing import Any
 from app.engine import InferenceEngine, InferenceRequest, Prediction, build_engine
 from app.engine.warmup import WARMUP_IMAGES, warmup_images
 from app.metrics import VersionMetrics
-from app.settings import Settings
+from app.model_config import ModelConfig
 from app.startup import Phases
 from batching import DynamicBatcher, ExecutionTimeModel
 
@@ -41,11 +41,11 @@ class ModelVersion:
     accepted, so that it is freed only after the last one is answered."""
 
     def __init__(
-        self, model: str, version: int, settings: Settings, metrics: VersionMetrics
+        self, model: str, version: int, config: ModelConfig, metrics: VersionMetrics
     ) -> None:
         self.model = model
         self.version = version
-        self.settings = settings
+        self.config = config
         self.metrics = metrics
         self.state = VersionState.LOADING
         self.reason = "loading"
@@ -69,15 +69,15 @@ class ModelVersion:
     async def load(self, device_lock: threading.Lock | None, on_failure: Any = None) -> None:
         """Build, check (or gate) and warm up the engine, then start the batcher. Raises what
         the build raises; the version is then ``UNAVAILABLE``."""
-        settings = self.settings
-        config = settings.batch_config(_device_type(settings))
+        config = self.config
+        batching = config.batch_config(_device_type(config))
         phases = self.phases
         try:
             build = asyncio.to_thread(
-                build_engine, settings, config, self.metrics, device_lock=device_lock,
+                build_engine, config, batching, self.metrics, device_lock=device_lock,
                 phases=phases,
             )  # fmt: skip
-            if settings.backend == "torch":
+            if config.backend == "torch":
                 engine = await build
             else:
                 # The warm-up's images are made on the other core while the runtime compiles,
@@ -85,14 +85,14 @@ class ModelVersion:
                 engine, _ = await asyncio.gather(
                     build, asyncio.to_thread(warmup_images, WARMUP_IMAGES)
                 )
-            first, later = warmup_sizes(settings.warmup, engine)
+            first, later = warmup_sizes(config.warmup, engine)
             with phases.phase("warmup"):
                 warmup = await asyncio.to_thread(engine.warmup, first)
         except BaseException as exc:
             self.state, self.reason = VersionState.UNAVAILABLE, f"failed to load: {exc}"
             raise
-        if config.serial_execution and not engine.backend.serialized:
-            config = dataclasses.replace(config, serial_execution=False)
+        if batching.serial_execution and not engine.backend.serialized:
+            batching = dataclasses.replace(batching, serial_execution=False)
         batcher_started = time.perf_counter()
         timings = ExecutionTimeModel()
         for size, seconds in warmup.items():
@@ -100,7 +100,7 @@ class ModelVersion:
         self.engine = engine
         self.batcher = DynamicBatcher(
             engine.run_batch,
-            config,
+            batching,
             observer=self.metrics,
             timings=timings,
             on_failure=lambda error: on_failure(self, error) if on_failure else None,
@@ -119,8 +119,8 @@ class ModelVersion:
         logger.info(
             "serving %s: %s (%s weights) on %s in %s with %s %s; batches up to %d, window %.1f ms",
             self.name, engine.name, engine.weights, engine.device, engine.precision,
-            engine.backend.name, engine.backend.variant, config.max_batch_size,
-            config.max_queue_delay_s * 1000,
+            engine.backend.name, engine.backend.variant, batching.max_batch_size,
+            batching.max_queue_delay_s * 1000,
         )  # fmt: skip
 
     async def _warm_up_when_idle(self, sizes: tuple[int, ...], timings: ExecutionTimeModel) -> None:
@@ -213,7 +213,7 @@ def warmup_sizes(choice: str, engine: InferenceEngine) -> tuple[tuple[int, ...],
     return buckets[:1], buckets[1:]
 
 
-def _device_type(settings: Settings) -> str:
+def _device_type(config: ModelConfig) -> str:
     from app.engine import resolve_device
 
-    return resolve_device(settings.device, settings.worker_index).type
+    return resolve_device(config.device, config.worker_index).type

@@ -35,7 +35,7 @@ def _describe(server: ServerState, version: ModelVersion) -> dict[str, Any]:
     engine, batcher = version.engine, version.batcher
     assert engine is not None
     assert batcher is not None
-    batching, settings = batcher.config, version.settings
+    batching, settings = batcher.config, version.config
     transform = engine.transform
     cpu = this_cpu()
     return {
@@ -51,7 +51,7 @@ def _describe(server: ServerState, version: ModelVersion) -> dict[str, Any]:
         "check": engine.check,
         "cpu": {"int8_class": cpu.name, "int8_saturates": cpu.saturates},
         "threads": {
-            "forward": settings.intra_op_threads,
+            "forward": settings.threads,
             "torch_in_batches": engine.torch_threads,
             "decode": server.settings.decode_threads,
         },

@@ -162,7 +162,7 @@ async def _infer(server: ServerState, request: Request, name: str, version: str 
             return document, one_input(tensors)
 
         document, inputs = await predictor.parsing.run(
-            admitted.version.settings.default_priority - 1, parse, body
+            admitted.version.config.default_priority - 1, parse, body
         )
         del body
         timeout, priority = _schedule(document)

@@ -1,0 +1,197 @@
+"""A model's configuration: the keys a repository's ``config.toml`` may hold (the same as the
+``BATCHSERVE_*`` model settings), and what the process grants the model besides (its name,
+its threads, the artefact cache, the image limits). The engine and the batcher of a model are
+built from this alone; the process's own settings (``app.settings``) make one per model.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Annotated, Any, Literal
+
+from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
+from pydantic_settings import NoDecode
+
+from batching import BatchConfig, parse_sizes
+
+Precision = Literal["auto", "fp32", "fp16", "bf16", "int8"]
+BackendName = Literal["auto", "torch", "onnxruntime", "openvino"]
+DecodeDevice = Literal["auto", "cpu", "cuda"]
+CompileMode = Literal["auto", "none", "torchscript", "inductor"]
+Warmup = Literal["auto", "all", "first"]
+
+
+class ModelKeys(BaseModel):
+    """Every setting that is about a model rather than the process: field ``x`` is a
+    ``config.toml`` key ``x`` and the setting ``BATCHSERVE_X``."""
+
+    model_config = ConfigDict(frozen=True)
+
+    # The model
+    model: str = Field("resnet50", min_length=1)
+    weights: str = "pretrained"
+    labels: Path | None = None
+    device: str = "auto"
+    precision: Precision = "auto"
+    decode_device: DecodeDevice = "auto"
+    image_size: int | None = Field(None, ge=8, le=4096)
+    resize_size: int | None = Field(None, ge=8, le=8192)
+    cuda_graphs: bool = False
+    compile: CompileMode = "auto"
+    backend: BackendName = "auto"
+    calibration_dir: Path | None = None
+    allow_ungated_int8: bool = False
+    # The INT8 accuracy gate: the INT8 model against eager fp32 PyTorch on held-out photos.
+    int8_gate_min_confident_top1_agreement: float = Field(0.98, ge=0, le=1)
+    int8_gate_min_plausible_top1: float = Field(0.9, ge=0, le=1)
+    int8_gate_max_mean_total_variation: float = Field(0.12, ge=0, le=1)
+    int8_gate_max_probability_difference: float = Field(0.25, ge=0, le=1)
+    int8_gate_min_images: int = Field(30, ge=1, le=100_000)
+
+    # Batching
+    max_batch_size: int = Field(32, ge=1, le=4096)
+    max_queue_delay_ms: float | None = Field(None, ge=0, le=60_000)
+    preferred_batch_sizes: Annotated[tuple[int, ...], NoDecode] = ()
+    max_inflight_batches: int | None = Field(None, ge=1, le=16)
+    latency_slo_ms: float | None = Field(None, gt=0)
+    dispatch_when_idle: bool = True
+    # Which batch sizes warm up before ready: every bucket ("all"), or the smallest ("first",
+    # the others after ready while the model is idle); "auto": all on CUDA, first on a CPU.
+    warmup: Warmup = "auto"
+    priority_levels: int = Field(3, ge=1, le=16)
+    default_priority: int = Field(2, ge=1, le=16)
+    request_timeout_ms: float = Field(30_000, gt=0)
+    # The longest deadline a client may ask for (None: REQUEST_TIMEOUT_MS): a request's bytes
+    # and its place in the queue are held that long at most.
+    max_request_timeout_ms: float | None = Field(None, gt=0)
+    top_k: int = Field(5, ge=1)
+
+    @field_validator("preferred_batch_sizes", mode="before")
+    @classmethod
+    def _split_sizes(cls, value: Any) -> Any:
+        if value is None or value == "":
+            return ()
+        try:
+            return parse_sizes(value)
+        except (TypeError, ValueError) as exc:
+            raise ValueError("must be a comma-separated list of integers, e.g. 8,16") from exc
+
+    @field_validator("labels")
+    @classmethod
+    def _labels_exist(cls, value: Path | None) -> Path | None:
+        if value is not None and not value.is_file():
+            raise ValueError(f"no labels file at {value}")
+        return value
+
+    @field_validator("calibration_dir")
+    @classmethod
+    def _calibration_exists(cls, value: Path | None) -> Path | None:
+        if value is not None and not value.is_dir():
+            raise ValueError(f"no directory at {value}")
+        return value
+
+    @field_validator("device")
+    @classmethod
+    def _device_name(cls, value: str) -> str:
+        value = value.strip().lower()
+        if value in ("auto", "cpu", "cuda") or (value.startswith("cuda:") and value[5:].isdigit()):
+            return value
+        raise ValueError("must be auto, cpu, cuda or cuda:N")
+
+    @model_validator(mode="after")
+    def _consistent_model(self) -> ModelKeys:
+        for size in self.preferred_batch_sizes:
+            if not 1 <= size <= self.max_batch_size:
+                raise ValueError(
+                    f"PREFERRED_BATCH_SIZES: {size} is not between 1 and MAX_BATCH_SIZE "
+                    f"({self.max_batch_size})"
+                )
+        if self.precision == "int8" and self.backend == "torch":
+            raise ValueError(
+                "PRECISION=int8 is served by BACKEND=onnxruntime or BACKEND=openvino, from a "
+                "quantized artefact that passed its accuracy gate"
+            )
+        if self.max_request_timeout_ms is not None and (
+            self.max_request_timeout_ms < self.request_timeout_ms
+        ):
+            raise ValueError(
+                f"MAX_REQUEST_TIMEOUT_MS ({self.max_request_timeout_ms}) cannot be below "
+                f"REQUEST_TIMEOUT_MS ({self.request_timeout_ms}), the deadline of requests "
+                "that name none"
+            )
+        if self.default_priority > self.priority_levels:
+            raise ValueError(
+                f"DEFAULT_PRIORITY ({self.default_priority}) cannot exceed PRIORITY_LEVELS "
+                f"({self.priority_levels})"
+            )
+        if (
+            self.image_size is not None
+            and self.resize_size is not None
+            and self.image_size > self.resize_size
+        ):
+            raise ValueError(
+                f"IMAGE_SIZE ({self.image_size}) cannot exceed RESIZE_SIZE ({self.resize_size})"
+            )
+        return self
+
+    @property
+    def queue_delay_s(self) -> float:
+        """The window: explicit, else 15% of the latency SLO, else 2 ms."""
+        if self.max_queue_delay_ms is not None:
+            return self.max_queue_delay_ms / 1000
+        if self.latency_slo_ms is not None:
+            return 0.15 * self.latency_slo_ms / 1000
+        return 0.002
+
+    @property
+    def request_timeout_s(self) -> float:
+        return self.request_timeout_ms / 1000
+
+    @property
+    def max_request_timeout_s(self) -> float:
+        return (self.max_request_timeout_ms or self.request_timeout_ms) / 1000
+
+
+# The keys a repository's config.toml may hold: the type's own fields, never a list to keep.
+MODEL_KEYS = frozenset(ModelKeys.model_fields)
+
+
+class ModelConfig(ModelKeys):
+    """One model's configuration: its keys, and what the process grants it."""
+
+    name: str = Field(min_length=1)  # what clients call it: /predict?model=, /v2/models/<name>
+    threads: int = Field(1, ge=1, le=1024)  # of one forward pass (torch's, or the runtime's)
+    artifacts_dir: Path
+    max_image_pixels: int = Field(40_000_000, ge=1)
+    min_image_size: int = Field(8, ge=1, le=4096)
+    worker_index: int = Field(0, ge=0, le=255)  # which GPU DEVICE=auto takes
+    max_queue_size: int = Field(1024, ge=1)
+
+    def with_backend(self, name: str, precision: str | None = None) -> ModelConfig:
+        """This model served by ``name``, in ``precision`` when given (BACKEND=auto's
+        candidates and choice)."""
+        return self.model_copy(update={"backend": name, "precision": precision or self.precision})
+
+    def batch_config(self, device_type: str) -> BatchConfig:
+        """The batcher's configuration for this model on a device of this type (``cpu``,
+        ``cuda``).
+
+        ``MAX_INFLIGHT_BATCHES`` defaults to 2: on CUDA batch N+1 is decoded and copied on its
+        own stream while N computes; on a CPU a full batch N+1 is normalised into its input
+        while N computes (the engine still runs one forward pass at a time, see
+        ``BatchConfig.serial_execution``), which keeps the cores on the model between batches.
+        """
+        inflight = self.max_inflight_batches or 2
+        return BatchConfig(
+            max_batch_size=self.max_batch_size,
+            max_queue_delay_s=self.queue_delay_s,
+            preferred_batch_sizes=self.preferred_batch_sizes,
+            max_queue_size=self.max_queue_size,
+            max_inflight_batches=inflight,
+            latency_slo_s=None if self.latency_slo_ms is None else self.latency_slo_ms / 1000,
+            dispatch_when_idle=self.dispatch_when_idle,
+            priority_levels=self.priority_levels,
+            default_priority=self.default_priority - 1,
+            # The version turns it off for a CPU backend that runs batches side by side.
+            serial_execution=device_type != "cuda",
+        )
