@@ -8,6 +8,9 @@ slices counted in their middle from each server's own metrics (``benchmarks.serv
 counting). Each pair gives its own ratio B / A; the report is their median, range, and how many
 pairs B won.
 
+With ``--a-revision REV``, A is served from a worktree of that revision, B from this checkout
+with the same settings: a change of the code measured against the code before it.
+
 Usage: ``python -m benchmarks.served_ab --model resnet18 --set backend=openvino
 --b max_inflight_batches=1``
 """
@@ -15,14 +18,34 @@ Usage: ``python -m benchmarks.served_ab --model resnet18 --set backend=openvino
 from __future__ import annotations
 
 import argparse
+import contextlib
+import tempfile
+from collections.abc import Iterator
+from pathlib import Path
 from typing import Any
 
 from benchmarks import wrk
+from benchmarks.commits import git
 from benchmarks.common import machine, machine_markdown, median, model_arguments, publish, table
 from benchmarks.compare import server_env
 from benchmarks.corpus import corpus
 from benchmarks.served_vs_limit import SETTLE_S, served_per_second, settings_of
-from harness.servers import UvicornProcess
+from harness.servers import ROOT, UvicornProcess
+
+
+@contextlib.contextmanager
+def checkout(revision: str | None) -> Iterator[Path]:
+    """This checkout, or a worktree of ``revision`` for as long as the block runs."""
+    if revision is None:
+        yield ROOT
+        return
+    with tempfile.TemporaryDirectory() as folder:
+        tree = Path(folder) / "a"
+        git("worktree", "add", "--detach", str(tree), revision)
+        try:
+            yield tree
+        finally:
+            git("worktree", "remove", "--force", str(tree))
 
 
 def summary(pairs: list[dict[str, float]]) -> dict[str, float]:
@@ -40,7 +63,8 @@ def measure(args: argparse.Namespace) -> list[dict[str, float]]:
     seconds = args.seconds + 2 * SETTLE_S
     pairs = []
     with (
-        UvicornProcess(a_env, startup_timeout=600) as a,
+        checkout(args.a_revision) as a_root,
+        UvicornProcess(a_env, startup_timeout=600, root=a_root) as a,
         UvicornProcess(b_env, startup_timeout=600, access_log=args.b_access_log) as b,
         wrk.command_for(a.url, images, args.clients) as load_a,
         wrk.command_for(b.url, images, args.clients) as load_b,
@@ -66,11 +90,15 @@ def markdown(data: dict[str, Any]) -> str:
     a = " ".join(data["set"]) or "defaults"
     access_log = data.get("b_access_log", False)
     logged = ["uvicorn's access log on"] if access_log else []
-    b = " ".join([*data["b"], *data["b_env"], *logged])
+    revision = data.get("a_revision")
+    if revision:
+        a = f"{a} at {revision}"
+    b = " ".join([*data["b"], *data["b_env"], *logged]) or "this checkout"
     options = "".join(f" --{flag} {' '.join(data[key])}"
                       for flag, key in (("set", "set"), ("b", "b"), ("b-env", "b_env"))
                       if data[key])  # fmt: skip
     options += " --b-access-log" if access_log else ""
+    options += f" --a-revision {revision}" if revision else ""
     return f"""# Two server configurations side by side: {data["model"]}
 
 `python -m benchmarks.served_ab --model {data["model"]} --precision {data["precision"]}
@@ -98,6 +126,7 @@ def main() -> None:
     parser.add_argument("--b-env", nargs="*", default=[], help="B's environment, NAME=value")
     parser.add_argument("--b-access-log", action="store_true",
                         help="B with uvicorn's access log on, as make serve runs it")  # fmt: skip
+    parser.add_argument("--a-revision", help="serve A from a worktree of this revision")
     parser.add_argument("--clients", type=int, default=64)
     parser.add_argument("--seconds", type=float, default=3.0, help="counted per slice")
     parser.add_argument("--pairs", type=int, default=10)
@@ -107,6 +136,7 @@ def main() -> None:
     data = {"machine": machine(), "model": args.model, "precision": args.precision,
             "batch_size": args.batch_size, "clients": args.clients, "set": args.set,
             "b": args.b, "b_env": args.b_env, "b_access_log": args.b_access_log,
+            "a_revision": git("rev-parse", "--short", args.a_revision) if args.a_revision else None,
             "seconds": args.seconds, "pairs": pairs,
             "summary": summary(pairs)}  # fmt: skip
     publish(args.name, data, markdown(data))
