@@ -29,7 +29,8 @@ from asgi_lifespan import LifespanManager
 from starlette.types import ASGIApp, Message
 
 from app.main import create_app
-from app.serving.predict import Inputs, Predictor
+from app.serving.inference import InferenceRequest, Inputs, ModelFacts, Parsed, Reserve
+from app.serving.predict import Predictor
 from app.settings import Settings
 from benchmarks.common import machine, machine_markdown, median, publish, table
 from benchmarks.corpus import corpus
@@ -63,16 +64,24 @@ async def through_app(app: ASGIApp, data: bytes) -> None:
         raise RuntimeError(f"/predict answered {started[0]['status']}")
 
 
+class _Given:
+    """A body already in memory."""
+
+    def __init__(self, data: bytes) -> None:
+        self.data = data
+
+    async def read(self, reserve: Reserve, limit: int) -> bytes:
+        reserve(len(self.data))
+        return self.data
+
+
+def _one_image(data: bytes, facts: ModelFacts) -> Parsed:
+    return Parsed(Inputs("encoded", [data]))
+
+
 async def through_core(predictor: Predictor, data: bytes) -> None:
-    admitted = predictor.admit(None, None, len(data))
-    try:
-        level = predictor.priority_level(admitted, None)
-        deadline = predictor.deadline(admitted, None, time.perf_counter())
-        (image,) = await predictor.prepare(admitted, Inputs("encoded", [data]), level)
-        await predictor.predict(admitted, [image], predictor.top_k(admitted, None), deadline,
-                                level)  # fmt: skip
-    finally:
-        admitted.close()
+    await predictor.infer(InferenceRequest(None, None, _Given(data), _one_image,
+                                           parse_off_loop=False, declared_bytes=len(data)))
 
 
 async def cpu_per_request(send: Callable[[bytes], Awaitable[None]], images: list[bytes],

@@ -38,7 +38,7 @@ import httpx
 import torch
 from asgi_lifespan import LifespanManager
 
-from app.engine import InferenceRequest
+from app.engine import ImageRequest
 from app.main import create_app
 from app.settings import Settings
 from benchmarks import accuracy, offline
@@ -104,7 +104,7 @@ def graphs_agreement(model: str, images: list[bytes], batch: int) -> dict[str, A
     results = {}
     for graphs in (False, True):
         engine = offline.make_engine(model, "fp16", batch, cuda_graphs=graphs, compile="none")
-        requests = [InferenceRequest(engine.prepare(data), 5) for data in images[:batch]]
+        requests = [ImageRequest(engine.prepare(data), 5) for data in images[:batch]]
         results[graphs] = engine.run_batch(requests)
     differences, same_top1 = [], 0
     for eager, replayed in zip(results[False], results[True], strict=True):

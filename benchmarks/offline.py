@@ -33,8 +33,8 @@ import torch
 
 from app.engine import (
     EngineObserver,
+    ImageRequest,
     InferenceEngine,
-    InferenceRequest,
     build_engine,
     resolve_device,
 )
@@ -100,7 +100,7 @@ def sequential(
         chunk = [images[(position + i) % len(images)] for i in range(batch_size)]
         position += batch_size
         prepared = list(pool.map(engine.prepare, chunk))
-        _check(engine.run_batch([InferenceRequest(image, 5) for image in prepared]))
+        _check(engine.run_batch([ImageRequest(image, 5) for image in prepared]))
         return batch_size
 
     return _rate(work, seconds)
@@ -126,7 +126,7 @@ def pipeline(
         prepared = [pending.popleft().result() for _ in range(batch_size)]
         for _ in range(batch_size):  # decode the next batch while this one runs
             pending.append(pool.submit(engine.prepare, images[next(feed) % len(images)]))
-        _check(engine.run_batch([InferenceRequest(image, 5) for image in prepared]))
+        _check(engine.run_batch([ImageRequest(image, 5) for image in prepared]))
         return batch_size
 
     return work

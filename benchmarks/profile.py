@@ -22,7 +22,7 @@ from typing import Any
 import httpx
 from torch.profiler import ProfilerActivity, profile
 
-from app.engine import InferenceRequest
+from app.engine import ImageRequest
 from benchmarks.common import (
     RESULTS,
     machine,
@@ -61,7 +61,7 @@ def profile_batches(model: str, precision: str, batch_size: int, batches: int,
     with profile(activities=activities, record_shapes=True) as profiler:
         for index in range(batches):
             chunk = [images[(index * batch_size + i) % len(images)] for i in range(batch_size)]
-            requests = [InferenceRequest(engine.prepare(data), 5) for data in chunk]
+            requests = [ImageRequest(engine.prepare(data), 5) for data in chunk]
             for outcome in engine.run_batch(requests):
                 if isinstance(outcome, BaseException):
                     raise outcome

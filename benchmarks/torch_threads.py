@@ -27,7 +27,7 @@ from typing import Any
 import torch
 
 from app.cpus import available_cpus
-from app.engine import InferenceRequest
+from app.engine import ImageRequest
 from benchmarks.backends import prepare_artifacts, set_arguments
 from benchmarks.common import machine, machine_markdown, median, publish, table
 from benchmarks.compare import server_env, variants
@@ -58,7 +58,7 @@ def child(
     prepared = [engine.prepare(data) for data in images[:batch_size]]
 
     def batches() -> int:
-        engine.run_batch([InferenceRequest(image, 5) for image in prepared])
+        engine.run_batch([ImageRequest(image, 5) for image in prepared])
         return batch_size
 
     print(json.dumps({

@@ -15,7 +15,7 @@ from typing import Any
 
 import torch
 
-from app.engine import BatchReport, EngineObserver, InferenceEngine, InferenceRequest, Prediction
+from app.engine import BatchReport, EngineObserver, ImageRequest, InferenceEngine, Prediction
 from app.engine.graphs import bucket_for
 
 
@@ -32,16 +32,16 @@ class ReportLog(EngineObserver):
 
 
 def _batches(engine: InferenceEngine, images: Sequence[bytes], size: int, count: int
-             ) -> list[list[InferenceRequest]]:  # fmt: skip
+             ) -> list[list[ImageRequest]]:  # fmt: skip
     return [
-        [InferenceRequest(engine.prepare(images[(b * size + i) % len(images)]), 5)
+        [ImageRequest(engine.prepare(images[(b * size + i) % len(images)]), 5)
          for i in range(size)]
         for b in range(count)
     ]  # fmt: skip
 
 
 def _run_concurrently(
-    engine: InferenceEngine, batches: list[list[InferenceRequest]], threads: int
+    engine: InferenceEngine, batches: list[list[ImageRequest]], threads: int
 ) -> list[list[Prediction | BaseException]]:
     results: list[list[Prediction | BaseException]] = [[] for _ in batches]
     cursor = iter(range(len(batches)))

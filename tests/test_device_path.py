@@ -13,7 +13,7 @@ import pytest
 import torch
 from PIL import Image, ImageOps
 
-from app.engine import InferenceEngine, InferenceRequest
+from app.engine import ImageRequest, InferenceEngine
 from app.engine.device import DeviceError, resolve_decode_device
 from app.engine.graphs import bucket_for
 from app.metrics import Metrics
@@ -164,10 +164,10 @@ def test_device_decode_route_gives_the_cpu_route_results() -> None:
     prepared = [on_device.prepare(data) for data in pictures]
     assert prepared[0].pixels is None  # JPEG bytes kept for the device decoder
     assert prepared[1].pixels is not None  # PNG decoded on the CPU
-    results = on_device.run_batch([InferenceRequest(image, 12) for image in prepared])
+    results = on_device.run_batch([ImageRequest(image, 12) for image in prepared])
     assert isinstance(results[3], InvalidImageError)
     for data, result in zip(pictures[:3], results[:3], strict=True):
-        (reference,) = on_cpu.run_batch([InferenceRequest(on_cpu.prepare(data), 12)])
+        (reference,) = on_cpu.run_batch([ImageRequest(on_cpu.prepare(data), 12)])
         assert_same_prediction(result, reference)
         assert not isinstance(result, BaseException)
         assert result.batch_size == 3
@@ -178,7 +178,7 @@ def test_padding_to_buckets_changes_no_result() -> None:
     exact, padded = engine(decode_on_device=False), engine(decode_on_device=False)
     padded.backend.fixed_shapes = True  # what CUDA graphs need, checked here on the CPU
     requests = [
-        InferenceRequest(prepare(images.jpeg(images.photo(90, 90, seed=s)), TransformConfig()), 5)
+        ImageRequest(prepare(images.jpeg(images.photo(90, 90, seed=s)), TransformConfig()), 5)
         for s in range(5)  # 5 rows: padded to the bucket of 8
     ]
     for a, b in zip(exact.run_batch(requests), padded.run_batch(requests), strict=True):
@@ -189,7 +189,7 @@ def test_padding_to_buckets_changes_no_result() -> None:
 
 def test_more_requests_than_the_capacity_are_refused() -> None:
     small = engine(decode_on_device=False, max_batch_size=2)
-    request = InferenceRequest(prepare(images.jpeg(), TransformConfig()), 1)
+    request = ImageRequest(prepare(images.jpeg(), TransformConfig()), 1)
     with pytest.raises(ValueError, match="exceed"):
         small.run_batch([request] * 3)
 
@@ -231,12 +231,12 @@ def test_cuda_engine_matches_the_cpu_engine(graphs: bool) -> None:
     assert gpu.backend.describe()["cuda_graphs"] == ([1, 2, 4, 8] if graphs else [])
     assert gpu.pads_to_buckets == graphs  # padding only where captured graphs need it
     pictures = [images.jpeg(images.photo(300, 200, seed=s), quality=95) for s in range(5)]
-    results = gpu.run_batch([InferenceRequest(gpu.prepare(data), 3) for data in pictures])
+    results = gpu.run_batch([ImageRequest(gpu.prepare(data), 3) for data in pictures])
     for data, result in zip(pictures, results, strict=True):
         assert not isinstance(result, BaseException)
         stages = {"device_decode", "h2d", "collate", "forward", "postprocess", "d2h"}
         assert stages <= set(result.timings)
-        (reference,) = cpu.run_batch([InferenceRequest(cpu.prepare(data), 3)])
+        (reference,) = cpu.run_batch([ImageRequest(cpu.prepare(data), 3)])
         assert not isinstance(reference, BaseException)
         assert result.classes[0]["index"] == reference.classes[0]["index"]
         assert result.classes[0]["score"] == pytest.approx(reference.classes[0]["score"], abs=0.02)
@@ -247,7 +247,7 @@ def test_device_decode_is_a_stage_of_its_own() -> None:
     view = metrics.version("m", "1")
     on_device = torch_engine(decode_on_device=True, buckets=(1, 2, 4, 8), observer=view)
     pictures = [images.jpeg(images.photo(300, 200, seed=s)) for s in range(3)]
-    on_device.run_batch([InferenceRequest(on_device.prepare(data), 3) for data in pictures])
+    on_device.run_batch([ImageRequest(on_device.prepare(data), 3) for data in pictures])
 
     def count(stage: str) -> float | None:
         labels = {"stage": stage, "model": "m", "version": "1"}

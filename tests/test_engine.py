@@ -16,8 +16,8 @@ from torchvision.models import MobileNet_V3_Small_Weights, get_model
 from app.engine import (
     BatchReport,
     EngineObserver,
+    ImageRequest,
     InferenceEngine,
-    InferenceRequest,
     ModelLoadError,
     Prediction,
     build_engine,
@@ -276,9 +276,9 @@ def make_engine(precision: torch.dtype = torch.float32) -> InferenceEngine:
 
 def request(
     seed: int, top_k: int = 3, transform: TransformConfig | None = None
-) -> InferenceRequest:
+) -> ImageRequest:
     data = images.jpeg(images.photo(160, 120, seed=seed))
-    return InferenceRequest(prepare(data, transform or TransformConfig()), top_k)
+    return ImageRequest(prepare(data, transform or TransformConfig()), top_k)
 
 
 def test_run_batch_returns_sorted_top_k_per_request() -> None:
@@ -296,7 +296,7 @@ def test_run_batch_returns_sorted_top_k_per_request() -> None:
 
 def test_one_bad_item_does_not_fail_the_batch() -> None:
     engine = make_engine()
-    broken = InferenceRequest(PreparedImage(ImageHeader(ImageFormat.JPEG, 9, 9)), top_k=1)
+    broken = ImageRequest(PreparedImage(ImageHeader(ImageFormat.JPEG, 9, 9)), top_k=1)
     results = engine.run_batch([request(1), broken, request(2)])
     assert isinstance(results[1], ValueError)
     assert not isinstance(results[0], BaseException)
@@ -441,7 +441,7 @@ def test_each_batch_is_reported_to_the_observer() -> None:
     engine = torch_engine(observer=observer)
     engine.warmup((1, 2))
     assert observer.reports == []  # warm-up batches are not traffic
-    broken = InferenceRequest(PreparedImage(ImageHeader(ImageFormat.JPEG, 9, 9)), top_k=1)
+    broken = ImageRequest(PreparedImage(ImageHeader(ImageFormat.JPEG, 9, 9)), top_k=1)
     engine.run_batch([request(1), broken, request(2)])
     (report,) = observer.reports
     assert (report.rows, report.padded_rows) == (2, 2)
@@ -476,7 +476,7 @@ def test_a_slot_keeps_the_tensors_of_its_batch_until_the_batch_is_done() -> None
 
     engine.backend.forward = spying  # type: ignore[method-assign]
     pictures = [images.jpeg(images.photo(200, 150, seed=seed)) for seed in range(3)]
-    results = engine.run_batch([InferenceRequest(engine.prepare(data), 3) for data in pictures])
+    results = engine.run_batch([ImageRequest(engine.prepare(data), 3) for data in pictures])
     assert all(not isinstance(result, BaseException) for result in results)
     assert held_during_forward == [6]  # each image's decoded tensor and its crop
     assert slot.held == 0  # dropped once the batch was done, not before
@@ -527,11 +527,11 @@ def test_dense_answers_come_as_one_array_not_a_dict_per_class() -> None:
     engine = torch_engine()
     pictures = [images.jpeg(images.photo(200, 150, seed=seed)) for seed in range(3)]
     everything = engine.run_batch(
-        [InferenceRequest(engine.prepare(data), engine.num_classes) for data in pictures]
+        [ImageRequest(engine.prepare(data), engine.num_classes) for data in pictures]
     )
-    asked = [InferenceRequest(engine.prepare(pictures[0]), 2, dense=True),
-             InferenceRequest(engine.prepare(pictures[1]), 2),
-             InferenceRequest(engine.prepare(pictures[2]), 1, dense=True)]  # fmt: skip
+    asked = [ImageRequest(engine.prepare(pictures[0]), 2, dense=True),
+             ImageRequest(engine.prepare(pictures[1]), 2),
+             ImageRequest(engine.prepare(pictures[2]), 1, dense=True)]  # fmt: skip
     answers = engine.run_batch(asked)
     for request, answer, full in zip(asked, answers, everything, strict=True):
         assert isinstance(answer, Prediction)

@@ -208,11 +208,11 @@ async def test_each_image_of_a_request_counts_against_the_queue() -> None:
         # Three images take three of the four places: a second such request cannot be admitted
         # while the first holds them, wherever it is (read, decoded, queued).
         predictor = app.state.server.predictor
-        first, second = predictor.admit(MODEL, None), predictor.admit(MODEL, None)
+        first, second = predictor.admission.admit(MODEL), predictor.admission.admit(MODEL)
         try:
-            first.ticket.count_images(3)
+            first.count_images(3)
             with pytest.raises(OverloadedError):
-                second.ticket.count_images(2)
+                second.count_images(2)
         finally:
             first.close()
             second.close()

@@ -19,7 +19,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from torch import nn
 
-from app.engine import InferenceEngine, InferenceRequest, TorchBackend, load_model
+from app.engine import ImageRequest, InferenceEngine, TorchBackend, load_model
 from app.logs import JsonFormatter
 from preprocessing import PreprocessingError, TransformConfig, prepare
 from tests import images
@@ -212,7 +212,7 @@ def oom_engine(limit: int) -> tuple[InferenceEngine, RunsOutOfMemory]:
 def test_out_of_memory_splits_the_batch_in_halves() -> None:
     engine, model = oom_engine(limit=2)
     requests = [
-        InferenceRequest(prepare(images.jpeg(images.photo(60, 60, seed=s)), engine.transform), 3)
+        ImageRequest(prepare(images.jpeg(images.photo(60, 60, seed=s)), engine.transform), 3)
         for s in range(5)
     ]
     results = engine.run_batch(requests)
@@ -225,7 +225,7 @@ def test_out_of_memory_splits_the_batch_in_halves() -> None:
 
 def test_out_of_memory_for_a_single_image_fails_that_request_only() -> None:
     engine, _ = oom_engine(limit=0)
-    request = InferenceRequest(prepare(images.jpeg(), engine.transform), 3)
+    request = ImageRequest(prepare(images.jpeg(), engine.transform), 3)
     results = engine.run_batch([request, request])
     assert all(isinstance(result, torch.OutOfMemoryError) for result in results)
 

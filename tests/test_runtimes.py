@@ -17,7 +17,7 @@ import httpx
 import pytest
 import torch
 
-from app.engine import InferenceEngine, InferenceRequest, StartupError, build_engine
+from app.engine import ImageRequest, InferenceEngine, StartupError, build_engine
 from app.engine import factory as factory_module
 from app.engine import store as store_module
 from app.engine.artifacts import REPORT, write_json
@@ -463,7 +463,7 @@ def torch_threads_in_a_batch(engine: InferenceEngine, starting: int) -> int:
 
     def batch_thread() -> None:
         torch.set_num_threads(starting)
-        (outcome,) = engine.run_batch([InferenceRequest(image, 1)])
+        (outcome,) = engine.run_batch([ImageRequest(image, 1)])
         assert not isinstance(outcome, BaseException)
 
     thread = threading.Thread(target=batch_thread)

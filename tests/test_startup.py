@@ -237,7 +237,7 @@ def test_a_kept_artefact_serves_without_building_the_eager_model(
     import subprocess
     import sys
 
-    from app.engine import InferenceRequest
+    from app.engine import ImageRequest
     from app.engine import loading as loading_module
     from app.engine.cards import card_path
 
@@ -261,7 +261,7 @@ def test_a_kept_artefact_serves_without_building_the_eager_model(
     assert again.transform == first.transform
     pictures = [images.jpeg(images.photo(320, 240, seed=seed)) for seed in range(3)]
     answers = [
-        engine.run_batch([InferenceRequest(engine.prepare(data), 3) for data in pictures])
+        engine.run_batch([ImageRequest(engine.prepare(data), 3) for data in pictures])
         for engine in (first, again)
     ]
     for mine, theirs in zip(*answers, strict=True):

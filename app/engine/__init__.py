@@ -9,7 +9,7 @@ from app.engine.device import (
     resolve_decode_device,
     resolve_device,
 )
-from app.engine.engine import InferenceEngine, InferenceRequest, Prediction
+from app.engine.engine import ImageRequest, InferenceEngine, Prediction
 from app.engine.errors import StartupError
 from app.engine.factory import build_engine
 from app.engine.loading import LoadedModel, ModelLoadError, load_model
@@ -20,8 +20,8 @@ __all__ = [
     "BatchReport",
     "DeviceError",
     "EngineObserver",
+    "ImageRequest",
     "InferenceEngine",
-    "InferenceRequest",
     "LoadedModel",
     "ModelLoadError",
     "Prediction",

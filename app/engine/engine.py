@@ -28,7 +28,7 @@ logger = logging.getLogger("batchserve")
 
 
 @dataclass(slots=True)
-class InferenceRequest:
+class ImageRequest:
     image: PreparedImage
     top_k: int
     dense: bool = False  # every class's probability too, as an array (not ``top_k`` dicts)
@@ -137,13 +137,13 @@ class InferenceEngine:
 
     # -- per batch (batcher threads) -----------------------------------------------------
 
-    def run_batch(self, requests: list[InferenceRequest]) -> list[Prediction | BaseException]:
+    def run_batch(self, requests: list[ImageRequest]) -> list[Prediction | BaseException]:
         """One result or exception per request. When the device runs out of memory, the batch
         is split in halves and each half retried, down to single requests."""
         return self._run_splitting(requests, report=True)
 
     def _run_splitting(
-        self, requests: list[InferenceRequest], *, report: bool
+        self, requests: list[ImageRequest], *, report: bool
     ) -> list[Prediction | BaseException]:
         try:
             return self._run(requests, report=report)
@@ -159,7 +159,7 @@ class InferenceEngine:
             )
 
     def _run(
-        self, requests: list[InferenceRequest], *, report: bool
+        self, requests: list[ImageRequest], *, report: bool
     ) -> list[Prediction | BaseException]:
         if len(requests) > self.max_batch_size:
             raise ValueError(f"{len(requests)} requests exceed the batch capacity")
@@ -183,7 +183,7 @@ class InferenceEngine:
             self._slots.release(slot)
 
     def _execute(
-        self, slot: BatchSlot, requests: list[InferenceRequest], started: float, report: bool
+        self, slot: BatchSlot, requests: list[ImageRequest], started: float, report: bool
     ) -> list[Prediction | BaseException]:
         streams = self._streams
         marks: dict[str, Mark] = {}
@@ -284,7 +284,7 @@ class InferenceEngine:
         timings: dict[int, float] = {}
         for batch_size in sizes:
             requests = [
-                InferenceRequest(prepared[index % len(prepared)], top_k=1)
+                ImageRequest(prepared[index % len(prepared)], top_k=1)
                 for index in range(batch_size)
             ]
             for _ in range(rounds):

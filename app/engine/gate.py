@@ -20,7 +20,7 @@ import torch
 from torch import nn
 
 from app.engine.backends import Backend, TorchBackend
-from app.engine.engine import InferenceEngine, InferenceRequest
+from app.engine.engine import ImageRequest, InferenceEngine
 from app.engine.loading import LoadedModel
 
 # A confident answer: the reference gives its top class at least this probability, and at least
@@ -98,7 +98,7 @@ def probabilities(
     batch_size = min(batch_size, engine.max_batch_size)  # an engine takes no more than that
     for start in range(0, len(images), batch_size):
         chunk = images[start : start + batch_size]
-        requests = [InferenceRequest(engine.prepare(data), classes) for data in chunk]
+        requests = [ImageRequest(engine.prepare(data), classes) for data in chunk]
         for outcome in engine.run_batch(requests):
             if isinstance(outcome, BaseException):
                 raise outcome

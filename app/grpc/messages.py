@@ -24,7 +24,7 @@ from app.protocol.tensors import (
     check_counts,
     from_raw,
 )
-from app.serving.predict import Inputs
+from app.serving.inference import Inputs
 
 # Each typed ``contents`` field a datatype's elements are read from, and its field number.
 _CONTENTS = {"BYTES": ("bytes_contents", 8), "UINT8": ("uint_contents", 4),

@@ -11,8 +11,6 @@ A call waiting for a slot holds only what HTTP/2's flow control lets its client 
 from __future__ import annotations
 
 import asyncio
-import contextlib
-from collections.abc import AsyncIterator
 
 from app.settings import Settings
 
@@ -32,7 +30,20 @@ class ReceiveSlots:
         self.count = count
         self._semaphore = asyncio.Semaphore(count)
 
-    @contextlib.asynccontextmanager
-    async def slot(self) -> AsyncIterator[None]:
-        async with self._semaphore:
-            yield
+    async def take(self) -> Slot:
+        """A slot, once one is free (a call cancelled while it waits holds none)."""
+        await self._semaphore.acquire()
+        return Slot(self._semaphore)
+
+
+class Slot:
+    """One message's turn to be received, given back once (``release`` is idempotent)."""
+
+    def __init__(self, semaphore: asyncio.Semaphore) -> None:
+        self._semaphore = semaphore
+        self._held = True
+
+    def release(self) -> None:
+        if self._held:
+            self._held = False
+            self._semaphore.release()

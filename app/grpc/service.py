@@ -20,10 +20,10 @@ from typing import Any, TypeVar
 import grpc
 from tritonclient.grpc import service_pb2, service_pb2_grpc
 
-from app.errors import NotFoundError, NotReadyError, PayloadTooLargeError
+from app.errors import NotFoundError, NotReadyError
 from app.grpc.errors import abort_with
 from app.grpc.messages import parameter, read_request
-from app.grpc.receiving import ReceiveSlots
+from app.grpc.receiving import ReceiveSlots, Slot
 from app.protocol.model_io import (
     EXTENSIONS,
     OUTPUT,
@@ -36,7 +36,7 @@ from app.protocol.model_io import (
 )
 from app.protocol.tensors import MalformedTensorError, bytes_binary
 from app.requestid import HEADER, current_request_id, request_id_from
-from app.serving.predict import Inputs
+from app.serving.inference import InferenceRequest, ModelFacts, Parsed, Reserve
 from app.serving.repository import refuse_without_control
 from app.serving.server import ServerState
 from app.settings import Settings
@@ -79,16 +79,12 @@ class InferenceService(service_pb2_grpc.GRPCInferenceServiceServicer):  # type: 
 
     async def ModelMetadata(self, request: Any, context: Any) -> Any:
         async def answer() -> Any:
-            version = self._registry().resolve(request.name, request.version or None)
-            engine = version.engine
-            if engine is None:
-                raise NotReadyError(f"{version.name} is {version.reason}",
-                                    headers={"Retry-After": "1"})  # fmt: skip
-            described = metadata(engine)
+            core = self.server.started()
+            described = metadata(core.describe(request.name, request.version or None))
             tensor = service_pb2.ModelMetadataResponse.TensorMetadata
             return service_pb2.ModelMetadataResponse(
-                name=request.name,
-                versions=[str(v) for v in sorted(self._registry().models.get(request.name, {}))],
+                name=described["name"],
+                versions=described["versions"],
                 platform=described["platform"],
                 inputs=[tensor(**each) for each in described["inputs"]],
                 outputs=[tensor(**each) for each in described["outputs"]],
@@ -120,54 +116,47 @@ class InferenceService(service_pb2_grpc.GRPCInferenceServiceServicer):  # type: 
         self, requests: AsyncIterator[Any], context: Any, arrived: float, scope: dict[str, str]
     ) -> Any:
         predictor = self.server.require_ready()
-        settings = self.server.settings
-        async with self.receiving.slot():
-            request = await _only_message(requests)
-            request_id = request.id
-            timeout, priority = _schedule(request, context)
-            admitted = predictor.admit(request.model_name, request.model_version or None, 0,
-                                       priority)  # fmt: skip
-            try:
-                scope["model"] = admitted.version.model
-                # Counted as soon as it is read, as an HTTP body is while it streams in.
-                predictor.reserve(admitted, request.ByteSize())
-            except BaseException:
-                admitted.close()
-                raise
+        slot = await self.receiving.take()
         try:
-            deadline = predictor.deadline(admitted, timeout, arrived)
-            level = predictor.priority_level(admitted, priority)
-            engine = admitted.engine
-            inputs, outputs = await predictor.parsing.run(
-                level, read_request, request, settings.images_per_request,
-                message_limit(settings), engine.num_classes,
+            message = await _only_message(requests)
+            timeout, priority = _schedule(message, context)
+            request_id, model = message.id, message.model_name
+
+            def parse(received: Any, facts: ModelFacts) -> Parsed:
+                inputs, outputs = read_request(received, facts.max_images, facts.max_bytes,
+                                               facts.classes)  # fmt: skip
+                return Parsed(inputs, top_k=top_k_for(outputs), dense=wants_dense(outputs),
+                              detail=outputs)  # fmt: skip
+
+            def named(name: str) -> None:
+                scope["model"] = name
+
+            request = InferenceRequest(
+                model=model, version=message.model_version or None,
+                body=ReceivedMessage(message, slot), parse=parse, timeout_s=timeout,
+                priority=priority, named=named, arrived=arrived,
             )  # fmt: skip
-            del request  # the message's own memory goes: only what was read from it stays
-            _check_sizes(inputs, settings.max_image_bytes)
-            images = await predictor.prepare(admitted, inputs, level)
-            del inputs
-            predictions = await predictor.predict(
-                admitted, images, top_k_for(outputs), deadline, level, dense=wants_dense(outputs)
-            )
+            del message  # the core reads it, and lets it go once parsed
+            answer = await predictor.infer(request)
         finally:
-            admitted.close()
+            slot.release()
         started = time.perf_counter()
-        version = admitted.version
         response = service_pb2.ModelInferResponse(
-            model_name=version.model, model_version=str(version.version), id=request_id
+            model_name=answer.model, model_version=answer.version, id=request_id
         )
+        predictions, classes = answer.predictions, answer.classes
         rows = len(predictions)
-        for output in outputs:
+        for output in answer.detail:
             entry = response.outputs.add(name=OUTPUT)
             if output.classification is None:
-                values = dense(predictions, engine.num_classes)
-                entry.datatype, entry.shape[:] = "FP32", [rows, engine.num_classes]
+                values = dense(predictions, classes)
+                entry.datatype, entry.shape[:] = "FP32", [rows, classes]
                 response.raw_output_contents.append(values.astype("<f4").tobytes())
             else:
                 labels = classification(predictions, output.classification)
                 entry.datatype, entry.shape[:] = "BYTES", [rows, output.classification]
                 response.raw_output_contents.append(bytes_binary([x.encode() for x in labels]))
-        version.metrics.observe_stage("serialize", time.perf_counter() - started)
+        answer.observe_stage("serialize", time.perf_counter() - started)
         return response
 
     # -- the model repository ---------------------------------------------------------------
@@ -255,14 +244,6 @@ for _method in service_pb2.DESCRIPTOR.services_by_name["GRPCInferenceService"].m
         setattr(InferenceService, _method.name, _unimplemented(_method.name))
 
 
-def _check_sizes(inputs: Inputs, max_image_bytes: int) -> None:
-    """Each encoded image within ``MAX_IMAGE_BYTES``, as over HTTP."""
-    if inputs.kind == "encoded":
-        for item in inputs.items:
-            if len(item) > max_image_bytes:
-                raise PayloadTooLargeError(f"an image is larger than {max_image_bytes} bytes")
-
-
 def _schedule(request: Any, context: Any) -> tuple[float | None, int | None]:
     """The request's timeout (its ``timeout`` parameter in microseconds, and the call's own
     deadline, the earlier of the two) and priority."""
@@ -274,6 +255,24 @@ def _schedule(request: Any, context: Any) -> tuple[float | None, int | None]:
         timeout = remaining if timeout is None else min(timeout, remaining)
         timeout = max(timeout, 1e-6)
     return timeout, priority
+
+
+class ReceivedMessage:
+    """A call's message, already received in its slot: read, it is counted against admission
+    (as an HTTP body is while it streams in) and the slot goes to the next call."""
+
+    def __init__(self, message: Any, slot: Slot) -> None:
+        self._message = message
+        self._slot = slot
+
+    async def read(self, reserve: Reserve, limit: int) -> Any:
+        # gRPC itself refused a message over its limit (``message_limit``) before it was read.
+        try:
+            reserve(self._message.ByteSize())
+        finally:
+            self._slot.release()
+        message, self._message = self._message, None
+        return message
 
 
 async def _only_message(requests: AsyncIterator[Any]) -> Any:

@@ -1,6 +1,6 @@
-"""What every HTTP prediction route does around the serving core: the drain count, errors in
-the route's shape, admission before the body is read, reading within the limits, and
-withdrawing when the client hangs up.
+"""What every HTTP prediction route does around its one call into the serving core: the drain
+count, errors in the route's shape, the model's name for the metrics, and noticing when the
+client hangs up.
 """
 
 from __future__ import annotations
@@ -14,12 +14,10 @@ from starlette.requests import ClientDisconnect
 from starlette.responses import Response
 from starlette.types import Receive
 
-from app.http.body import declared_length
 from app.http.errors import answer_error, mark_outcome
 from app.http.requestid import request_start_of
 from app.http.state import ServerState, server_state
-from app.serving.predict import Admitted, Cancelled, Predictor
-from preprocessing import Buffer
+from app.serving.inference import Cancelled
 
 # No status is ever delivered to a client that hung up; 499 is what nginx logs for it.
 CLIENT_CLOSED = 499
@@ -51,31 +49,6 @@ async def guarded(
 def mark_model(scope: MutableMapping[str, Any], model: str) -> None:
     """Name the model this request is for, for ``batchserve_requests_total{model}``."""
     scope.setdefault("state", {})["model"] = model
-
-
-def admit(
-    request: Request,
-    predictor: Predictor,
-    model: str | None,
-    version: str | int | None,
-    priority: int | None = None,
-) -> Admitted:
-    """The version that will answer and an admission ticket for this request, or 503
-    ``overloaded`` (404, 503 ``not_ready``) before reading anything. A body declared larger
-    than ``MAX_IMAGE_BYTES`` is admitted for that much only: it is refused with 413 as soon as
-    it is read, since it would never fit however long it waited."""
-    admitted = predictor.admit(model, version, declared_length(request), priority)
-    mark_model(request.scope, admitted.version.model)
-    return admitted
-
-
-async def read_within(
-    predictor: Predictor,
-    admitted: Admitted,
-    read: Callable[[Callable[[int], None]], Awaitable[Buffer]],
-) -> Buffer:
-    """Read the body with ``read(reserve)``, counting it against the ticket as it arrives."""
-    return await read(lambda total: predictor.reserve(admitted, total))
 
 
 async def disconnected(receive: Receive) -> None:

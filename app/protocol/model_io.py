@@ -14,10 +14,9 @@ from typing import Any
 
 import numpy as np
 
-from app.engine import InferenceEngine, Prediction
 from app.errors import InvalidParameterError
 from app.protocol.tensors import MalformedTensorError, Tensor
-from app.serving.predict import Inputs
+from app.serving.inference import Inputs, ModelDescription, Prediction
 
 OUTPUT = "probabilities"
 # What the server metadata names: the extensions of the protocol served (REST and gRPC alike).
@@ -34,17 +33,20 @@ class RequestedOutput:
     binary: bool = True
 
 
-def metadata(engine: InferenceEngine) -> dict[str, Any]:
-    """Platform, inputs and outputs of a model (its datatypes and shapes, -1 for the batch)."""
-    crop = engine.transform.crop_size
+def metadata(model: ModelDescription) -> dict[str, Any]:
+    """Name, versions, platform, inputs and outputs of a model (its datatypes and shapes, -1
+    for the batch)."""
+    crop = model.crop_size
     return {
-        "platform": PLATFORMS.get(engine.backend.name, engine.backend.name),
+        "name": model.name,
+        "versions": model.versions,
+        "platform": PLATFORMS.get(model.backend, model.backend),
         "inputs": [
             {"name": "image", "datatype": "BYTES", "shape": [-1]},
             {"name": "pixels", "datatype": "UINT8", "shape": [-1, -1, -1, 3]},
             {"name": "tensor", "datatype": "FP32", "shape": [-1, 3, crop, crop]},
         ],
-        "outputs": [{"name": OUTPUT, "datatype": "FP32", "shape": [-1, engine.num_classes]}],
+        "outputs": [{"name": OUTPUT, "datatype": "FP32", "shape": [-1, model.classes]}],
     }
 
 

@@ -1,10 +1,12 @@
-"""The prediction path every front end calls: admission, decoding, deadline, priority, the
-batcher, and withdrawing when the caller goes away. It knows nothing of HTTP or gRPC.
+"""The prediction path, one call per request: ``Predictor.infer``. It knows nothing of HTTP or
+gRPC (``app.serving.inference`` says what a front end hands over and gets back).
 
-A front end names the model and version, admits the request (before reading its body, so that
-an overloaded server refuses at once), reads the body counting its bytes against the ticket,
-then hands over the inputs: encoded images, decoded pixels or normalised tensors. Each image is
-one batcher item, whatever the front end, so images of different clients share batches.
+In order: find the version and admit the request (before its body is read, so that an
+overloaded server refuses at once), read the body counting its bytes against the ticket,
+parse it (in the parse threads when it is large), work out its deadline and priority, decode
+(on the CPU: decode, resize, crop) in the decode threads, the most urgent first, and enqueue
+each image as its own batcher item, so that images of different clients share batches; the
+items are withdrawn when the caller goes away or one of them fails.
 """
 
 from __future__ import annotations
@@ -14,42 +16,40 @@ import contextlib
 import math
 import time
 from collections.abc import Awaitable, Callable, Sequence
-from dataclasses import dataclass
-from typing import Any, Literal, TypeVar
+from typing import Any, TypeVar
 
 import numpy as np
 import torch
 
-from app.engine import InferenceEngine, InferenceRequest, Prediction
-from app.errors import InvalidInputError, InvalidParameterError, NotReadyError, OverloadedError
+from app.engine import ImageRequest, InferenceEngine, Prediction
+from app.errors import (
+    InvalidInputError,
+    InvalidParameterError,
+    NotReadyError,
+    OverloadedError,
+    PayloadTooLargeError,
+)
 from app.metrics import Metrics
 from app.model_config import ModelConfig
 from app.serving.admission import Admission, Ticket
 from app.serving.decoding import PriorityPool
+from app.serving.inference import (
+    Cancelled,
+    InferenceRequest,
+    InferenceResponse,
+    Inputs,
+    ModelDescription,
+    ModelFacts,
+    Parsed,
+)
 from app.serving.registry import Registry
 from app.serving.version import ModelVersion
 from app.settings import Settings
 from batching import DynamicBatcher
 from batching.threads import LoopThreads
-from preprocessing import Buffer, PreparedImage, prepare_normalized, prepare_pixels
+from preprocessing import PreparedImage, prepare_normalized, prepare_pixels
 
 Outcome = TypeVar("Outcome")
-
-
-class Cancelled(Exception):
-    """The caller went away while its request waited."""
-
-
-@dataclass(frozen=True)
-class Inputs:
-    """What a request carries: ``encoded`` images (bytes each), ``pixels`` (UINT8
-    ``[N, H, W, 3]``) or ``tensor`` (FP32 ``[N, 3, crop, crop]``, normalised)."""
-
-    kind: Literal["encoded", "pixels", "tensor"]
-    items: Sequence[Buffer] | np.ndarray[Any, Any]
-
-    def __len__(self) -> int:
-        return len(self.items)
 
 
 class Admitted:
@@ -70,7 +70,7 @@ class Admitted:
         return engine
 
     @property
-    def batcher(self) -> DynamicBatcher[InferenceRequest, Prediction]:
+    def batcher(self) -> DynamicBatcher[ImageRequest, Prediction]:
         """The version's batcher; ``NotReadyError`` once it is closed (a version admits only
         while it serves, but its drain may end while a request it admitted still decodes)."""
         batcher = self.version.batcher
@@ -115,7 +115,70 @@ class Predictor:
         self.parsing = (PriorityPool(parse_threads) if parse_threads is not None
                         else self.decoding)  # fmt: skip
 
-    def admit(
+    async def infer(self, request: InferenceRequest) -> InferenceResponse:
+        """Answer one request, or raise its typed error (``Cancelled`` when the caller went
+        away first)."""
+        started = time.perf_counter()
+        admitted = self._admit(request.model, request.version, request.declared_bytes,
+                               request.priority)  # fmt: skip
+        try:
+            version = admitted.version
+            if request.named is not None:
+                request.named(version.model)
+            engine = admitted.engine
+            settings = self.settings
+            facts = ModelFacts(engine.num_classes, engine.transform.crop_size,
+                               settings.images_per_request, settings.max_image_bytes)  # fmt: skip
+            # What the transport says is checked before a byte of the body is read.
+            level = self._priority_level(admitted, request.priority)
+            if request.top_k is not None:
+                self._top_k(admitted, request.top_k)
+            body = await request.body.read(lambda total: self._reserve(admitted, total),
+                                           settings.max_image_bytes)  # fmt: skip
+            parsed: Parsed
+            if request.parse_off_loop:
+                parsed = await self.parsing.run(level, request.parse, body, facts)
+            else:
+                parsed = request.parse(body, facts)
+            del body
+            parse_s = time.perf_counter() - started
+            version.metrics.observe_stage("parse", parse_s)
+            if parsed.priority is not None:
+                level = self._priority_level(admitted, parsed.priority)
+            timeout = _earlier(request.timeout_s, parsed.timeout_s)
+            deadline = self._deadline(admitted, timeout, request.arrived)
+            top_k = self._top_k(admitted, parsed.top_k if parsed.top_k is not None
+                                else request.top_k)  # fmt: skip
+            images = await self._prepare(admitted, parsed.inputs, level)
+            detail, dense = parsed.detail, parsed.dense
+            # From here on only the decoded images wait (the batcher counts them): the body's
+            # parsed form (a JSON tensor is millions of Python numbers) goes now.
+            del parsed
+            submitted = time.perf_counter()
+            predictions = await self._predict(admitted, images, top_k, deadline, level,
+                                              request.cancelled, dense=dense)  # fmt: skip
+        finally:
+            admitted.close()
+        first = predictions[0]
+        timings = {"parse": parse_s, "decode": images[0].decode_s,
+                   "queue": max(0.0, first.started - submitted), **first.timings}  # fmt: skip
+        return InferenceResponse(version.model, str(version.version), predictions,
+                                 facts.classes, detail, timings,
+                                 version.metrics.observe_stage)  # fmt: skip
+
+    def describe(self, model: str, version: str | int | None = None) -> ModelDescription:
+        """What a serving version of ``model`` takes and gives (``NotReadyError`` while it
+        has no engine, ``NotFoundError`` when there is no such version)."""
+        serving = self.registry.resolve(model, version)
+        engine = serving.engine
+        if engine is None:
+            raise NotReadyError(f"{serving.name} is {serving.reason}",
+                                headers={"Retry-After": "1"})  # fmt: skip
+        versions = [str(number) for number in sorted(self.registry.models.get(model, {}))]
+        return ModelDescription(model, versions, engine.backend.name, engine.num_classes,
+                                engine.transform.crop_size)  # fmt: skip
+
+    def _admit(
         self,
         model: str | None,
         version: str | int | None,
@@ -158,7 +221,7 @@ class Predictor:
             for version in versions
         )
 
-    def reserve(self, admitted: Admitted, total_bytes: int) -> None:
+    def _reserve(self, admitted: Admitted, total_bytes: int) -> None:
         """Count ``total_bytes`` of the body read so far against the ticket."""
         try:
             admitted.ticket.reserve(total_bytes)
@@ -166,7 +229,7 @@ class Predictor:
             self.metrics.on_reject("overloaded", admitted.version.model)
             raise
 
-    def deadline(self, admitted: Admitted, timeout_s: float | None, arrived: float) -> float:
+    def _deadline(self, admitted: Admitted, timeout_s: float | None, arrived: float) -> float:
         """The batcher deadline of a request that arrived at ``arrived`` (perf_counter) with
         ``timeout_s`` (None: ``REQUEST_TIMEOUT_MS`` of its model; at most
         ``MAX_REQUEST_TIMEOUT_MS``)."""
@@ -179,7 +242,7 @@ class Predictor:
         allowed = min(timeout_s or settings.request_timeout_s, settings.max_request_timeout_s)
         return batcher.now() + allowed - waited
 
-    def top_k(self, admitted: Admitted, requested: int | None) -> int:
+    def _top_k(self, admitted: Admitted, requested: int | None) -> int:
         """How many classes to return: ``requested`` (None: the model's ``TOP_K``), at most
         the model's classes."""
         k = admitted.version.config.top_k if requested is None else requested
@@ -188,12 +251,12 @@ class Predictor:
             raise InvalidParameterError(f"top_k must be at most {classes}")
         return k
 
-    def priority_level(self, admitted: Admitted, priority: int | None) -> int:
+    def _priority_level(self, admitted: Admitted, priority: int | None) -> int:
         """The batcher level of a priority on the protocol's scale: 1 first, up to
         ``PRIORITY_LEVELS``; 0 or None is ``DEFAULT_PRIORITY``."""
         return _level(admitted.version.config, priority)
 
-    async def prepare(
+    async def _prepare(
         self, admitted: Admitted, inputs: Inputs, level: int | None = None
     ) -> list[PreparedImage]:
         """Check the inputs against the model and decode (on the CPU: decode, resize, crop)
@@ -213,6 +276,9 @@ class Predictor:
             level = admitted.version.config.default_priority - 1
         stage = admitted.version.metrics.observe_stage
         if inputs.kind == "encoded":
+            largest = self.settings.max_image_bytes
+            if any(len(item) > largest for item in inputs.items):
+                raise PayloadTooLargeError(f"an image is larger than {largest} bytes")
             if len(inputs) == 1:  # most requests: no task and no gathering future for one job
                 images = [await self.decoding.run(level, engine.prepare, inputs.items[0])]
             else:
@@ -240,7 +306,7 @@ class Predictor:
         # Copying and checking megabytes of floats: in a thread, not on the event loop.
         return await self.decoding.run(level, _normalized_images, array)
 
-    async def predict(
+    async def _predict(
         self,
         admitted: Admitted,
         images: Sequence[PreparedImage],
@@ -264,7 +330,7 @@ class Predictor:
         try:
             for image in images:
                 cost = held_bytes(image)
-                futures.append(batcher.enqueue(InferenceRequest(image, top_k, dense), deadline,
+                futures.append(batcher.enqueue(ImageRequest(image, top_k, dense), deadline,
                                                cost=cost, priority=level))  # fmt: skip
             return await _gather_or_cancel(futures, cancelled)
         finally:
@@ -298,6 +364,13 @@ async def _or_cancel(
     with contextlib.suppress(asyncio.CancelledError):
         await future
     raise Cancelled
+
+
+def _earlier(first: float | None, second: float | None) -> float | None:
+    """The shorter of two timeouts, either of which may be missing."""
+    if first is None:
+        return second
+    return first if second is None else min(first, second)
 
 
 def _normalized_images(array: np.ndarray[Any, Any]) -> list[PreparedImage]:

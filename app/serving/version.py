@@ -17,7 +17,7 @@ import time
 import weakref
 from typing import Any
 
-from app.engine import InferenceEngine, InferenceRequest, Prediction, build_engine
+from app.engine import ImageRequest, InferenceEngine, Prediction, build_engine
 from app.engine.warmup import WARMUP_IMAGES, warmup_images
 from app.metrics import VersionMetrics
 from app.model_config import ModelConfig
@@ -50,7 +50,7 @@ class ModelVersion:
         self.state = VersionState.LOADING
         self.reason = "loading"
         self.engine: InferenceEngine | None = None
-        self.batcher: DynamicBatcher[InferenceRequest, Prediction] | None = None
+        self.batcher: DynamicBatcher[ImageRequest, Prediction] | None = None
         self.active = 0
         self._idle = asyncio.Event()
         self._idle.set()

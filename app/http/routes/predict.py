@@ -15,13 +15,14 @@ from starlette.responses import Response
 
 from app.errors import InvalidParameterError
 from app.http.auth import require_api_key
-from app.http.body import read_image
-from app.http.calls import admit, disconnected, guarded, read_within
+from app.http.body import declared_length, read_image
+from app.http.calls import disconnected, guarded, mark_model
 from app.http.errors import mark_outcome
 from app.http.requestid import request_start_of
 from app.http.schemas import ErrorBody, PredictResponse
 from app.http.state import ServerState
-from app.serving.predict import Inputs
+from app.serving.inference import InferenceRequest, Inputs, ModelFacts, Parsed, Reserve
+from preprocessing import Buffer
 
 
 class PredictRoute(APIRoute):
@@ -121,43 +122,22 @@ async def _predict(
     version: int | None,
 ) -> Response:
     predictor = server.require_ready()
-    arrived = request_start_of(request.scope)
-    timeout, priority = _timeout(request), _priority(request)
-    parse_started = time.perf_counter()
-    admitted = admit(request, predictor, model, version, priority)
-    try:
-        serving = admitted.version
-        stage = serving.metrics.observe_stage
-        k = predictor.top_k(admitted, top_k)
-        deadline = predictor.deadline(admitted, timeout, arrived)
-        level = predictor.priority_level(admitted, priority)
-        limit = server.settings.max_image_bytes
-        data = await read_within(
-            predictor, admitted, lambda reserve: read_image(request, limit, reserve)
-        )
-        parsed = time.perf_counter()
-        stage("parse", parsed - parse_started)
-        (image,) = await predictor.prepare(admitted, Inputs("encoded", [data]), level)
-        del data
-        submitted = time.perf_counter()
-        (prediction,) = await predictor.predict(
-            admitted, [image], k, deadline, level, lambda: disconnected(request.receive)
-        )
-    finally:
-        admitted.close()
+    answer = await predictor.infer(InferenceRequest(
+        model=model, version=version, body=ImageBody(request), parse=one_image,
+        parse_off_loop=False, declared_bytes=declared_length(request),
+        timeout_s=_timeout(request), priority=_priority(request), top_k=top_k,
+        cancelled=lambda: disconnected(request.receive),
+        named=lambda name: mark_model(request.scope, name),
+        arrived=request_start_of(request.scope),
+    ))  # fmt: skip
     finished = time.perf_counter()
-    body = orjson.dumps({"model": serving.model, "version": str(serving.version),
+    (prediction,) = answer.predictions
+    body = orjson.dumps({"model": answer.model, "version": answer.version,
                          "predictions": prediction.classes})  # fmt: skip
     serialized = time.perf_counter()
-    stage("serialize", serialized - finished)
-    timing = {
-        "parse": parsed - parse_started,
-        "decode": image.decode_s,
-        "queue": max(0.0, prediction.started - submitted),
-        **prediction.timings,
-        "serialize": serialized - finished,
-        "total": serialized - arrived,
-    }
+    answer.observe_stage("serialize", serialized - finished)
+    timing = {**answer.timings, "serialize": serialized - finished,
+              "total": serialized - request_start_of(request.scope)}  # fmt: skip
     headers = {
         "Server-Timing": ", ".join(
             f"{name};dur={value * 1000:.3f}" for name, value in timing.items()
@@ -166,6 +146,21 @@ async def _predict(
     }
     mark_outcome(request.scope, "ok")
     return Response(body, media_type="application/json", headers=headers)
+
+
+def one_image(data: Buffer, facts: ModelFacts) -> Parsed:
+    """The body is the image (a raw body, or a multipart form's ``file``)."""
+    return Parsed(Inputs("encoded", [data]))
+
+
+class ImageBody:
+    """The request's image: a raw body, or a multipart form's ``file``."""
+
+    def __init__(self, request: Request) -> None:
+        self._request = request
+
+    async def read(self, reserve: Reserve, limit: int) -> Buffer:
+        return await read_image(self._request, limit, reserve)
 
 
 def _timeout(request: Request) -> float | None:

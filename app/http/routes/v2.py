@@ -22,11 +22,10 @@ import orjson
 from fastapi import APIRouter, Request
 from starlette.responses import Response
 
-from app.engine import InferenceEngine, Prediction
 from app.errors import NotReadyError
 from app.http.auth import require_api_key
-from app.http.body import read_raw
-from app.http.calls import admit, disconnected, guarded, read_within
+from app.http.body import declared_length, read_raw
+from app.http.calls import disconnected, guarded, mark_model
 from app.http.errors import mark_outcome
 from app.http.requestid import request_start_of
 from app.http.responses import json_response
@@ -50,7 +49,7 @@ from app.protocol.tensors import (
     parse_request,
     read_inputs,
 )
-from app.serving.predict import Inputs
+from app.serving.inference import InferenceRequest, InferenceResponse, ModelFacts, Parsed, Reserve
 from app.serving.version import ModelVersion
 from preprocessing import Buffer
 
@@ -100,17 +99,7 @@ async def server_metadata(request: Request) -> Response:
 @router.get("/models/{name}", summary="Model metadata")
 @router.get("/models/{name}/versions/{version}", summary="Model version metadata")
 async def model_metadata(request: Request, name: str, version: str | None = None) -> Response:
-    server = server_state(request)
-    serving = _resolve(server, name, version)
-    engine = serving.engine
-    if engine is None:
-        raise NotReadyError(f"{serving.name} is {serving.reason}", headers={"Retry-After": "1"})
-    versions = server.started().registry.models.get(name, {})
-    return json_response({
-        "name": name,
-        "versions": [str(number) for number in sorted(versions)],
-        **metadata(engine),
-    })  # fmt: skip
+    return json_response(metadata(server_state(request).started().describe(name, version)))
 
 
 _INFER_DOC = {
@@ -142,64 +131,49 @@ async def handle_infer(request: Request, path_params: dict[str, str]) -> Respons
 
 async def _infer(server: ServerState, request: Request, name: str, version: str | None) -> Response:
     predictor = server.require_ready()
-    settings = server.settings
-    arrived = request_start_of(request.scope)
-    admitted = admit(request, predictor, name, version)
-    try:
-        serving = admitted.version
-        body = await read_within(
-            predictor, admitted,
-            lambda reserve: read_raw(request, settings.max_image_bytes, reserve),
-        )  # fmt: skip
-        header_length = request.headers.get(HEADER_LENGTH)
+    header_length = request.headers.get(HEADER_LENGTH)
 
-        def parse(raw: Buffer) -> tuple[InferenceRequestBody, Inputs]:
-            # JSON, validation, base64 and flattening of a body of up to MAX_IMAGE_BYTES take
-            # long enough to stall every other request and the probes: not on the event loop.
-            document, binary = parse_request(bytes(raw), header_length)
-            tensors = read_inputs(document, binary, settings.images_per_request,
-                                  settings.max_image_bytes)  # fmt: skip
-            return document, one_input(tensors)
-
-        document, inputs = await predictor.parsing.run(
-            admitted.version.config.default_priority - 1, parse, body
-        )
-        del body
-        timeout, priority = _schedule(document)
-        deadline = predictor.deadline(admitted, timeout, arrived)
-        level = predictor.priority_level(admitted, priority)
-        outputs = _requested_outputs(document, admitted.engine)
-        request_id = document.id
-        # From here on only the decoded images wait (counted by the batcher as they are): the
-        # document (a JSON tensor is millions of Python numbers) and the raw input go now.
-        del document
-        images = await predictor.prepare(admitted, inputs, level)
-        del inputs
-        predictions = await predictor.predict(
-            admitted, images, top_k_for(outputs), deadline, level,
-            lambda: disconnected(request.receive), dense=wants_dense(outputs),
+    def parse(raw: Buffer, facts: ModelFacts) -> Parsed:
+        # JSON, validation, base64 and flattening of a body of up to MAX_IMAGE_BYTES take
+        # long enough to stall every other request and the probes: in the parse threads.
+        document, binary = parse_request(bytes(raw), header_length)
+        tensors = read_inputs(document, binary, facts.max_images, facts.max_bytes)
+        outputs = _requested_outputs(document, facts.classes)
+        parameters = document.parameters
+        timeout = schedule_parameter("timeout", parameters.get("timeout"))
+        return Parsed(
+            one_input(tensors), top_k=top_k_for(outputs), dense=wants_dense(outputs),
+            timeout_s=None if timeout is None else timeout / 1e6,
+            priority=schedule_parameter("priority", parameters.get("priority")),
+            detail=(document.id, outputs),
         )  # fmt: skip
-        engine = admitted.engine
-    finally:
-        admitted.close()
+
+    answer = await predictor.infer(InferenceRequest(
+        model=name, version=version, body=RawBody(request),
+        parse=parse, declared_bytes=declared_length(request),
+        cancelled=lambda: disconnected(request.receive),
+        named=lambda model: mark_model(request.scope, model),
+        arrived=request_start_of(request.scope),
+    ))  # fmt: skip
     started = time.perf_counter()
-    response = _response(request_id, serving, engine, outputs, predictions)
-    serving.metrics.observe_stage("serialize", time.perf_counter() - started)
+    request_id, outputs = answer.detail
+    response = _response(request_id, answer, outputs)
+    answer.observe_stage("serialize", time.perf_counter() - started)
     mark_outcome(request.scope, "ok")
     return response
 
 
-def _schedule(document: InferenceRequestBody) -> tuple[float | None, int | None]:
-    """The request's ``timeout`` (microseconds, as seconds) and ``priority`` parameters."""
-    parameters = document.parameters
-    timeout = schedule_parameter("timeout", parameters.get("timeout"))
-    priority = schedule_parameter("priority", parameters.get("priority"))
-    return (None if timeout is None else timeout / 1e6), priority
+class RawBody:
+    """The whole body, whatever its content type."""
+
+    def __init__(self, request: Request) -> None:
+        self._request = request
+
+    async def read(self, reserve: Reserve, limit: int) -> Buffer:
+        return await read_raw(self._request, limit, reserve)
 
 
-def _requested_outputs(
-    document: InferenceRequestBody, engine: InferenceEngine
-) -> list[RequestedOutput]:
+def _requested_outputs(document: InferenceRequestBody, classes: int) -> list[RequestedOutput]:
     binary_all = bool(document.parameters.get("binary_data_output", False))
     requested = document.outputs or []
     if not requested:
@@ -207,7 +181,7 @@ def _requested_outputs(
     return [
         RequestedOutput(
             requested_output(
-                output.name, output.parameters.get("classification"), engine.num_classes
+                output.name, output.parameters.get("classification"), classes
             ),
             bool(output.parameters.get("binary_data", binary_all)),
         )
@@ -216,18 +190,15 @@ def _requested_outputs(
 
 
 def _response(
-    request_id: str | None,
-    serving: ModelVersion,
-    engine: InferenceEngine,
-    outputs: list[RequestedOutput],
-    predictions: list[Prediction],
+    request_id: str | None, answer: InferenceResponse, outputs: list[RequestedOutput]
 ) -> Response:
     entries: list[dict[str, Any]] = []
     chunks: list[bytes] = []
+    predictions = answer.predictions
     rows = len(predictions)
     for output in outputs:
         if output.classification is None:
-            classes = engine.num_classes
+            classes = answer.classes
             item, raw = output_entry(OUTPUT, dense(predictions, classes), [rows, classes],
                                      output.binary)  # fmt: skip
         else:
@@ -237,8 +208,8 @@ def _response(
         entries.append(item)
         chunks.append(raw)
     payload: dict[str, Any] = {
-        "model_name": serving.model,
-        "model_version": str(serving.version),
+        "model_name": answer.model,
+        "model_version": answer.version,
         "outputs": entries,
     }
     if request_id is not None:
