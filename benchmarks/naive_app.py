@@ -20,7 +20,7 @@ from preprocessing import TransformConfig, normalize_into, prepare
 _loaded = load_model(os.environ.get("BATCHSERVE_MODEL", "resnet18"), "none")
 _device = resolve_device(os.environ.get("BATCHSERVE_DEVICE", "auto"))
 # With "auto", the most accurate candidate: benchmarks pass an explicit precision.
-_dtype = precision_candidates(os.environ.get("BATCHSERVE_PRECISION", "auto"), _device)[0]
+_dtype = precision_candidates(os.environ.get("BATCHSERVE_PRECISION", "auto"), _device, False)[0]
 _model = _loaded.module.to(device=_device, dtype=_dtype).to(memory_format=torch.channels_last)
 _transform: TransformConfig = _loaded.transform
 

@@ -14,6 +14,7 @@ import torch
 from torchvision.models import MobileNet_V3_Small_Weights, get_model
 
 from app.engine import (
+    Backend,
     BatchReport,
     EngineObserver,
     ImageRequest,
@@ -23,12 +24,11 @@ from app.engine import (
     build_engine,
     load_model,
 )
-from app.engine import device as device_module
-from app.engine import precision as precision_module
 from app.engine.compile import optimize, resolve_compile
 from app.engine.device import DeviceError, precision_candidates, resolve_device
 from app.engine.errors import CheckFailedError
 from app.engine.gate import CHECK_BOUNDS, Bounds
+from app.engine.machine import fixed_rates
 from app.engine.slot import BatchSlot
 from app.settings import Settings
 from preprocessing import ImageFormat, ImageHeader, PreparedImage, TransformConfig, prepare
@@ -190,29 +190,25 @@ def test_auto_uses_weights_found_in_the_hub_cache(
 # -- device and precision ------------------------------------------------------------------
 
 
-def test_precision_choice(monkeypatch: pytest.MonkeyPatch) -> None:
+def test_precision_choice() -> None:
     cpu = torch.device("cpu")
-    monkeypatch.setattr(device_module, "cpu_supports_bf16", lambda: True)
-    assert precision_candidates("auto", cpu) == (torch.float32, torch.bfloat16)
-    monkeypatch.setattr(device_module, "cpu_supports_bf16", lambda: False)
-    assert precision_candidates("auto", cpu) == (torch.float32,)
-    assert precision_candidates("fp16", cpu) == (torch.float16,)
-    assert precision_candidates("auto", torch.device("cuda")) == (torch.float16,)
+    assert precision_candidates("auto", cpu, True) == (torch.float32, torch.bfloat16)
+    assert precision_candidates("auto", cpu, False) == (torch.float32,)
+    assert precision_candidates("fp16", cpu, True) == (torch.float16,)
+    assert precision_candidates("auto", torch.device("cuda"), True) == (torch.float16,)
 
 
-def test_auto_precision_serves_bf16_only_where_it_is_measured_faster(
-    monkeypatch: pytest.MonkeyPatch,
-) -> None:
+def test_auto_precision_serves_bf16_only_where_it_is_measured_faster() -> None:
     """Some CPUs report native bf16 and still run it slower than fp32: measure, then choose."""
-    monkeypatch.setattr(device_module, "cpu_supports_bf16", lambda: True)
     settings = make_settings(precision="auto", compile="none")
     for bf16_rate, chosen in ((100.0, "fp32"), (105.0, "fp32"), (200.0, "bf16")):
         rates = {torch.float32: 100.0, torch.bfloat16: bf16_rate}
-        monkeypatch.setattr(
-            precision_module, "images_per_second",
-            lambda backend, shape, rows, rates=rates: rates[backend.input_dtype],
-        )  # fmt: skip
-        engine = build_engine(settings.own_model())
+
+        def rate(backend: Backend, rates: dict[torch.dtype, float] = rates) -> float:
+            return rates[backend.input_dtype]
+
+        machine = fixed_rates(rate, native_bf16=True)
+        engine = build_engine(settings.own_model(), machine=machine)
         assert engine.precision == chosen
         assert engine.backend.describe()["measured_images_per_second"] == {
             "fp32": 100.0, "bf16": bf16_rate,
@@ -226,14 +222,10 @@ def test_auto_precision_serves_fp32_when_bf16_fails_its_start_up_check(
 ) -> None:
     """bf16 measured faster is served only when it agrees with eager fp32 within bf16's
     bounds, as a runtime's bf16 must."""
-    monkeypatch.setattr(device_module, "cpu_supports_bf16", lambda: True)
     rates = {torch.float32: 100.0, torch.bfloat16: 200.0}
-    monkeypatch.setattr(
-        precision_module, "images_per_second",
-        lambda backend, shape, rows: rates[backend.input_dtype],
-    )  # fmt: skip
+    machine = fixed_rates(lambda backend: rates[backend.input_dtype], native_bf16=True)
     settings = make_settings(precision="auto", compile="none")
-    engine = build_engine(settings.own_model())
+    engine = build_engine(settings.own_model(), machine=machine)
     assert engine.precision == "bf16"
     assert engine.check is not None
     assert engine.check["passed"]
@@ -242,7 +234,7 @@ def test_auto_precision_serves_fp32_when_bf16_fails_its_start_up_check(
     monkeypatch.setitem(
         CHECK_BOUNDS, "bf16", Bounds(max_probability_difference=0.0, min_top1_agreement=1.0)
     )
-    engine = build_engine(settings.own_model())
+    engine = build_engine(settings.own_model(), machine=machine)
     assert engine.precision == "fp32"
     assert engine.check is None  # eager fp32 is the reference itself
     (failure,) = engine.backend.describe()["rejected_precisions"]["bf16"]
@@ -274,9 +266,7 @@ def make_engine(precision: torch.dtype = torch.float32) -> InferenceEngine:
     return torch_engine(dtype=precision)
 
 
-def request(
-    seed: int, top_k: int = 3, transform: TransformConfig | None = None
-) -> ImageRequest:
+def request(seed: int, top_k: int = 3, transform: TransformConfig | None = None) -> ImageRequest:
     data = images.jpeg(images.photo(160, 120, seed=seed))
     return ImageRequest(prepare(data, transform or TransformConfig()), top_k)
 

@@ -19,6 +19,7 @@ from app.engine.gate import CHECK_BOUNDS, compare, verdict
 from app.engine.int8_class import Int8Class, classify, cpu_flags, this_cpu
 from app.engine.int8_report import GATE_IMAGES
 from app.engine.kept import code_fingerprint
+from app.engine.machine import fixed_rates
 from app.engine.quantize import build_int8
 from app.engine.quantize_onnx import recipe_order
 from app.settings import Settings
@@ -250,28 +251,23 @@ def test_passed_true_is_never_believed_over_the_figures(artefacts: Path, tmp_pat
 def test_auto_lets_a_gated_int8_model_compete_and_never_an_ungated_one(
     artefacts: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    from app.engine import choice
-
     # Measured rates made up so that INT8 wins: the choice, not the CPU, is under test.
-    monkeypatch.setattr(
-        choice, "images_per_second",
-        lambda backend, *args: 100.0 if backend.precision == "int8" else 10.0,
-    )  # fmt: skip
+    machine = fixed_rates(lambda backend: 100.0 if backend.precision == "int8" else 10.0)
     settings = make_settings(model=CONV_MODEL, backend="auto", precision="auto",
                              artifacts_dir=artefacts.parent.parent)  # fmt: skip
-    engine = build_engine(settings.own_model())
+    engine = build_engine(settings.own_model(), machine=machine)
     assert (engine.backend.name, engine.precision) == ("onnxruntime", "int8")
     decision = engine.backend.describe()["auto"]
     assert decision["precision"] == "int8"
     assert set(decision["rates"]) == {"torch", "onnxruntime", "openvino", "onnxruntime int8"}
     assert engine.backend.describe()["int8_gate"]["passed"]
-    again = build_engine(settings.own_model())  # kept: not measured again
+    again = build_engine(settings.own_model(), machine=machine)  # kept: not measured again
     assert again.backend.describe()["auto"]["reused"]
     assert (again.backend.name, again.precision) == ("onnxruntime", "int8")
 
     # A gate that fails here: the INT8 model is no candidate (and a new decision is made).
     edit_report(artefacts, confident_top1_agreement=0.5)
-    engine = build_engine(settings.own_model())
+    engine = build_engine(settings.own_model(), machine=machine)
     assert engine.precision != "int8"
     assert not any(name.endswith(" int8") for name in engine.backend.describe()["auto"]["rates"])
 

@@ -23,6 +23,7 @@ from app.engine import store as store_module
 from app.engine.artifacts import REPORT, write_json
 from app.engine.errors import CheckFailedError, UngatedModelError
 from app.engine.export import ONNX_FILE, export_onnx
+from app.engine.machine import Machine, fixed_rates
 from app.settings import Settings
 from tests import images
 from tests.conftest import COLOR_MODEL, make_settings, serve
@@ -139,16 +140,12 @@ def test_unsupported_precisions_are_refused(tmp_path: Path) -> None:
 def test_auto_serves_the_fastest_installed_backend_and_remembers_why(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    from app.engine import choice as choice_module
-    from app.engine import precision as precision_module
-
     assert Settings(_env_file=None).backend == "auto"  # the default
     # Rates made up and steady, so that one candidate wins beyond the noise (real ones may not).
     made_up = {"torch": 100.0, "onnxruntime": 300.0, "openvino": 200.0}
-    monkeypatch.setattr(choice_module, "images_per_second",
-                        lambda backend, *args: made_up[backend.name])  # fmt: skip
+    machine = fixed_rates(lambda backend: made_up[backend.name])
     settings = runtime_settings(tmp_path, "auto", precision="auto")
-    engine = build_engine(settings.own_model())
+    engine = build_engine(settings.own_model(), machine=machine)
     choice = engine.backend.choice
     assert choice is not None
     rates = choice["rates"]
@@ -164,49 +161,43 @@ def test_auto_serves_the_fastest_installed_backend_and_remembers_why(
     def measured(*args: object) -> float:
         raise AssertionError("measured again")
 
-    monkeypatch.setattr(choice_module, "images_per_second", measured)
     # Nor PRECISION=auto's fp32 against bf16 (on a CPU with both): the choice kept which.
-    monkeypatch.setattr(precision_module, "images_per_second", measured)
-    again = build_engine(settings.own_model())  # a later start
+    never = Machine(native_bf16=False, rate=measured)
+    again = build_engine(settings.own_model(), machine=never)  # a later start
     assert again.backend.name == engine.backend.name
     assert again.precision == engine.precision == choice["precision"]
     assert again.backend.choice is not None
     assert again.backend.choice["reused"]
     other = runtime_settings(tmp_path, "auto", max_batch_size=4)  # another warm-up batch
     with pytest.raises(AssertionError, match="measured again"):
-        build_engine(other.own_model())
+        build_engine(other.own_model(), machine=never)
     # PRECISION=int8: only the INT8 runtimes compete, and none has a gated model here.
     int8 = runtime_settings(tmp_path, "auto", precision="int8")
     with pytest.raises(StartupError, match="no installed backend can serve this model in PRECI"):
-        build_engine(int8.own_model())
+        build_engine(int8.own_model(), machine=machine)
 
 
 @pytest.mark.parametrize("native_bf16", [True, False])
-def test_precision_auto_offers_a_runtime_what_it_serves_here(
-    monkeypatch: pytest.MonkeyPatch, native_bf16: bool
-) -> None:
-    monkeypatch.setattr(factory_module, "cpu_supports_bf16", lambda: native_bf16)
+def test_precision_auto_offers_a_runtime_what_it_serves_here(native_bf16: bool) -> None:
     cpu, cuda = torch.device("cpu"), torch.device("cuda")
     openvino = make_settings(backend="openvino", precision="auto")
     onnxruntime = make_settings(backend="onnxruntime", precision="auto")
     bf16 = ("fp32", "bf16") if native_bf16 else ("fp32",)
-    assert factory_module.runtime_precisions(openvino.own_model(), cpu) == bf16
-    assert factory_module.runtime_precisions(onnxruntime.own_model(), cpu) == ("fp32",)
-    assert factory_module.runtime_precisions(onnxruntime.own_model(), cuda) == ("fp32",)
+    precisions = factory_module.runtime_precisions
+    assert precisions(openvino.own_model(), cpu, native_bf16) == bf16
+    assert precisions(onnxruntime.own_model(), cpu, native_bf16) == ("fp32",)
+    assert precisions(onnxruntime.own_model(), cuda, native_bf16) == ("fp32",)
     explicit = make_settings(backend="openvino", precision="int8")
-    assert factory_module.runtime_precisions(explicit.own_model(), cpu) == ("int8",)
+    assert precisions(explicit.own_model(), cpu, native_bf16) == ("int8",)
 
 
-def test_a_backend_choice_is_kept_apart_for_a_cpu_with_native_bf16(
-    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
-) -> None:
+def test_a_backend_choice_is_kept_apart_for_a_cpu_with_native_bf16(tmp_path: Path) -> None:
     from app.engine import choice as choice_module
 
     settings = runtime_settings(tmp_path, "auto", precision="auto")
     paths = set()
     for native in (True, False):
-        monkeypatch.setattr(choice_module, "cpu_supports_bf16", lambda native=native: native)
-        paths.add(choice_module.decision_path(settings.own_model(), "digest", 8, []))
+        paths.add(choice_module.decision_path(settings.own_model(), "digest", 8, [], native))
     assert len(paths) == 2  # bf16 candidates or none: a choice made without them is not reused
 
 
@@ -214,29 +205,26 @@ def test_openvino_serves_bf16_with_precision_auto_when_it_measures_faster(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     pytest.importorskip("openvino")
-    from app.engine import precision as precision_module
     from app.engine.device import cpu_supports_bf16
 
     if not cpu_supports_bf16():
         pytest.skip("this CPU has no native bf16 kernels: PRECISION=auto is fp32 here")
     rates = {"fp32": 100.0, "bf16": 200.0}
-    monkeypatch.setattr(precision_module, "images_per_second",
-                        lambda backend, *args, **kwargs: rates[backend.precision])  # fmt: skip
+    machine = fixed_rates(lambda backend: rates[backend.precision], native_bf16=True)
     settings = runtime_settings(tmp_path, "openvino", precision="auto")
-    engine = build_engine(settings.own_model())
+    engine = build_engine(settings.own_model(), machine=machine)
     assert engine.precision == "bf16"
     assert engine.backend.describe()["measured_images_per_second"] == rates
     assert engine.check is not None
     assert engine.check["passed"]  # at bf16's bounds
     rates["bf16"] = 105.0  # not the 1.1x that a less precise candidate must win by
-    engine = build_engine(settings.own_model())
+    engine = build_engine(settings.own_model(), machine=machine)
     assert engine.precision == "fp32"
 
 
 def test_auto_serves_the_simplest_of_candidates_within_the_noise_and_keeps_nothing(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    from app.engine import choice as choice_module
 
     # OpenVINO's median is the highest, but it beats the others by less than its rounds vary.
     rounds = {
@@ -244,10 +232,9 @@ def test_auto_serves_the_simplest_of_candidates_within_the_noise_and_keeps_nothi
         "onnxruntime": iter([90.0] * 5),
         "openvino": iter([110.0, 140.0, 110.0] * 2),
     }
-    monkeypatch.setattr(choice_module, "images_per_second",
-                        lambda backend, *args: next(rounds[backend.name]))  # fmt: skip
+    machine = fixed_rates(lambda backend: next(rounds[backend.name]))
     settings = runtime_settings(tmp_path, "auto", precision="fp32")
-    engine = build_engine(settings.own_model())
+    engine = build_engine(settings.own_model(), machine=machine)
     choice = engine.backend.choice
     assert choice is not None
     assert engine.backend.name == "torch"
@@ -272,27 +259,24 @@ def test_beyond_the_noise_means_a_margin_larger_than_the_rounds_vary() -> None:
 def test_an_unreadable_kept_decision_is_measured_again_with_a_warning(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
 ) -> None:
-    from app.engine import choice as choice_module
 
     made_up = {"torch": 100.0, "onnxruntime": 300.0, "openvino": 200.0}
-    monkeypatch.setattr(choice_module, "images_per_second",
-                        lambda backend, *args: made_up[backend.name])  # fmt: skip
+    machine = fixed_rates(lambda backend: made_up[backend.name])
     settings = runtime_settings(tmp_path, "auto", precision="fp32")
-    build_engine(settings.own_model())
+    build_engine(settings.own_model(), machine=machine)
     (kept,) = (settings.artifacts_dir / "backend-choice").glob("*.json")
     kept.write_text(json.dumps({"chosen": "openvino", "precision": "fp32"}))  # no rates
     with caplog.at_level(logging.WARNING, logger="batchserve"):
-        engine = build_engine(settings.own_model())
+        engine = build_engine(settings.own_model(), machine=machine)
     assert engine.backend.name == "onnxruntime"  # measured again, not taken from the file
     assert "ignoring the unreadable backend choice" in caplog.text
     kept.write_text("[1, 2")
-    assert build_engine(settings.own_model()).backend.name == "onnxruntime"
+    assert build_engine(settings.own_model(), machine=machine).backend.name == "onnxruntime"
 
 
 def test_auto_serves_the_fastest_candidate_that_passes_its_check(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    from app.engine import choice as choice_module
 
     # Both runtimes' artefacts exist; then the ONNX model is replaced by a broken export.
     # (OpenVINO's IR was converted before, from the sound one.)
@@ -303,10 +287,9 @@ def test_auto_serves_the_fastest_candidate_that_passes_its_check(
     export_onnx(Doubled(), (3, 224, 224), onnx_folder / ONNX_FILE)
     # ONNX Runtime measures fastest, OpenVINO next.
     rates = {"onnxruntime": 300.0, "openvino": 200.0, "torch": 100.0}
-    monkeypatch.setattr(choice_module, "images_per_second",
-                        lambda backend, *args: rates[backend.name])  # fmt: skip
+    machine = fixed_rates(lambda backend: rates[backend.name])
     settings = runtime_settings(tmp_path, "auto", precision="fp32")
-    engine = build_engine(settings.own_model())
+    engine = build_engine(settings.own_model(), machine=machine)
     assert engine.backend.name == "openvino"
     assert engine.check is not None
     assert engine.check["passed"]
@@ -314,7 +297,7 @@ def test_auto_serves_the_fastest_candidate_that_passes_its_check(
     assert choice is not None
     assert list(choice["rejected"]) == ["onnxruntime"]
     assert "disagrees with eager PyTorch" in choice["rejected"]["onnxruntime"][0]
-    again = build_engine(settings.own_model())  # the kept decision
+    again = build_engine(settings.own_model(), machine=machine)  # the kept decision
     assert again.backend.name == "openvino"
 
 

@@ -43,11 +43,10 @@ from pydantic import BaseModel
 from app.cpus import cpu_model
 from app.engine.artifacts import keep_json, read_json
 from app.engine.backends import Backend
-from app.engine.device import cpu_supports_bf16
 from app.engine.errors import StartupError
 from app.engine.int8_class import this_cpu
 from app.engine.kept import code_fingerprint, read_kept
-from app.engine.precision import images_per_second
+from app.engine.machine import Machine
 from app.model_config import ModelConfig
 
 logger = logging.getLogger("batchserve")
@@ -98,7 +97,9 @@ def _version(distribution: str) -> str:
         return "-"
 
 
-def decision_path(config: ModelConfig, model_digest: str, rows: int, int8_ready: list[str]) -> Path:
+def decision_path(
+    config: ModelConfig, model_digest: str, rows: int, int8_ready: list[str], native_bf16: bool
+) -> Path:
     """Where the choice for this model, its config, this CPU, these versions and these INT8
     models is kept."""
     key = {
@@ -106,7 +107,7 @@ def decision_path(config: ModelConfig, model_digest: str, rows: int, int8_ready:
         "compile": config.compile, "rows": rows, "threads": config.threads,
         "image_size": config.image_size, "cpu": cpu_model(), "int8_class": this_cpu().name,
         # Native bf16 kernels add bf16 candidates (PyTorch's and OpenVINO's) to PRECISION=auto.
-        "native_bf16": cpu_supports_bf16(),
+        "native_bf16": native_bf16,
         "versions": {name: _version(name) for name in CANDIDATES},
         "candidates": installed(), "int8_ready": sorted(int8_ready), "code": code_fingerprint(),
     }  # fmt: skip
@@ -124,12 +125,14 @@ def choose_backend(
     int8_ready: Callable[[str], bool],
     failures: Callable[[Backend], list[str]],
     device_lock: threading.Lock | None = None,
+    machine: Machine | None = None,
 ) -> tuple[Backend, dict[str, Any]]:
     """The backend to serve and why: ``build(name, precision)`` makes one (with its
     artefact); ``int8_ready(name)`` says whether that runtime's INT8 model exists and passes
     its gate here (without building one); ``failures(backend)`` runs its start-up check;
-    ``device_lock`` is held while a candidate is timed. The fastest candidate that passes its
-    check is served, if the rounds can tell it is the fastest."""
+    ``device_lock`` is held while a candidate is timed (at ``machine.rate``). The fastest
+    candidate that passes its check is served, if the rounds can tell it is the fastest."""
+    machine = machine or Machine.here()
     if device.type == "cuda":
         return build("torch", config.precision), {
             "chosen": "torch", "precision": config.precision,
@@ -139,7 +142,7 @@ def choose_backend(
         [name for name in installed() if name in INT8_RUNTIMES and int8_ready(name)]
         if config.precision == "auto" else []
     )  # fmt: skip
-    path = decision_path(config, model_digest, rows, ready)
+    path = decision_path(config, model_digest, rows, ready, machine.native_bf16)
     kept = read_kept(path, Decision, "backend choice")
     if kept is not None and kept.chosen in installed():
         logger.info("backend auto: %s, measured before (%s)", label(kept.chosen, kept.precision),
@@ -158,7 +161,7 @@ def choose_backend(
             f"BACKEND=auto: no installed backend can serve this model in "
             f"PRECISION={config.precision}"
         )
-    rounds = measure_in_rounds(built, input_shape, rows, device_lock)
+    rounds = measure_in_rounds(built, input_shape, rows, device_lock, machine=machine)
     rates = {key: statistics.median(measured) for key, measured in rounds.items()}
     order, within = preference(rounds)
     served, rejected = _first_that_passes(order, built, failures)
@@ -198,17 +201,18 @@ def measure_in_rounds(
     rows: int,
     device_lock: threading.Lock | None = None,
     rounds: int = ROUNDS,
+    machine: Machine | None = None,
 ) -> dict[str, list[float]]:
     """Each backend's forward rate, once per round, the order turned by one each round, each
     timing under ``device_lock``."""
+    rate = (machine or Machine.here()).rate
     keys = list(backends)
     measured: dict[str, list[float]] = {key: [] for key in keys}
     for round_index in range(rounds):
         shift = round_index % len(keys)
         for key in keys[shift:] + keys[:shift]:
             with device_lock or contextlib.nullcontext():
-                rate = images_per_second(backends[key], input_shape, rows, ROUND_SECONDS)
-            measured[key].append(rate)
+                measured[key].append(rate(backends[key], input_shape, rows, ROUND_SECONDS))
     return measured
 
 

@@ -40,17 +40,20 @@ def cpu_supports_bf16() -> bool:
         return False
 
 
-def precision_candidates(setting: str, device: torch.device) -> tuple[torch.dtype, ...]:
+def precision_candidates(
+    setting: str, device: torch.device, native_bf16: bool
+) -> tuple[torch.dtype, ...]:
     """The precisions worth serving, most accurate first.
 
-    ``auto``: fp16 on CUDA; on a CPU, fp32 and, where oneDNN reports native bf16 kernels, bf16
+    ``auto``: fp16 on CUDA; on a CPU, fp32 and, where oneDNN reports native bf16 kernels
+    (``native_bf16``), bf16
     too: the engine then measures both and keeps bf16 only if it is clearly faster, because the
     flag alone does not say so (some CPUs that report it run bf16 slower than fp32).
     """
     if setting == "auto":
         if device.type == "cuda":
             return (torch.float16,)
-        return (torch.float32, torch.bfloat16) if cpu_supports_bf16() else (torch.float32,)
+        return (torch.float32, torch.bfloat16) if native_bf16 else (torch.float32,)
     dtype = DTYPES[setting]
     if dtype is torch.bfloat16 and device.type == "cuda" and not torch.cuda.is_bf16_supported():
         raise DeviceError("BATCHSERVE_PRECISION=bf16 but this GPU has no bf16 support")

@@ -8,6 +8,7 @@ import threading
 import time
 import weakref
 from collections.abc import Callable
+from dataclasses import dataclass
 from typing import Any
 
 import torch
@@ -19,7 +20,6 @@ from app.engine.compile import kept, resolve_compile
 from app.engine.device import (
     DTYPES,
     NAMES,
-    cpu_supports_bf16,
     precision_candidates,
     resolve_decode_device,
     resolve_device,
@@ -28,6 +28,7 @@ from app.engine.engine import InferenceEngine
 from app.engine.errors import CheckFailedError, StartupError
 from app.engine.int8_gated import gated_int8, int8_ready
 from app.engine.loading import LoadedModel, load_model, loaded_digest
+from app.engine.machine import Machine
 from app.engine.observer import EngineObserver
 from app.engine.precision import fastest
 from app.engine.startup_check import checked_against_eager, engine_check, is_checked
@@ -56,6 +57,7 @@ def build_engine(
     *,
     device_lock: threading.Lock | None = None,
     phases: Phases | None = None,
+    machine: Machine | None = None,
 ) -> InferenceEngine:
     """Load the configured model onto the configured device and backend, in its precision.
 
@@ -64,15 +66,17 @@ def build_engine(
     PyTorch serves from an exported artefact (made here when missing) and only after it
     agrees with eager PyTorch.
     ``device_lock``, shared by the engines of one device, keeps their forward passes from
-    running at once. ``phases`` gets the time of each start-up phase.
+    running at once. ``phases`` gets the time of each start-up phase. ``machine`` answers
+    what precisions and backends are measured against (by default this machine, timed).
     """
-    phases = phases or Phases()
     device = resolve_device(config.device, config.worker_index)
-    batching = batching or config.batch_config(device.type)
+    build = _Build(device, batching or config.batch_config(device.type), phases or Phases(),
+                   machine or Machine.here())  # fmt: skip
+    phases = build.phases
     torch.set_num_threads(config.threads)
     with phases.phase("weights"):
         loaded = load_configured_model(config)
-    engine = _engine_for(loaded, config, batching, observer, device, device_lock, phases)
+    engine = _engine_for(loaded, config, build, observer, device_lock)
     if loaded.stale():  # its checkpoint was hashed while the runtime compiled
         logger.warning(
             "%s: the checkpoint %s holds other weights than its model card says (same size and "
@@ -82,20 +86,36 @@ def build_engine(
         del engine
         with phases.phase("weights"):
             loaded = load_configured_model(config, use_card=False)
-        engine = _engine_for(loaded, config, batching, observer, device, device_lock, phases)
+        engine = _engine_for(loaded, config, build, observer, device_lock)
     return engine
+
+
+@dataclass
+class _Build:
+    """What every step of one engine's build shares: where it runs, how it batches, where its
+    phases' times go, the machine it measures on, and the candidates' start-up check."""
+
+    device: torch.device
+    batching: BatchConfig
+    phases: Phases
+    machine: Machine
+    failures_of: Callable[[Backend], list[str]] | None = None
+
+    @property
+    def rows(self) -> int:
+        """The batch a candidate's forward pass is timed at."""
+        return min(8, self.batching.max_batch_size)
 
 
 def _engine_for(
     loaded: LoadedModel,
     config: ModelConfig,
-    batching: BatchConfig,
+    build: _Build,
     observer: EngineObserver | None,
-    device: torch.device,
     device_lock: threading.Lock | None,
-    phases: Phases,
 ) -> InferenceEngine:
     """The engine of ``loaded`` on the configured backend and precision."""
+    device, batching, phases = build.device, build.batching, build.phases
     limits = ImageLimits(
         max_pixels=config.max_image_pixels, resize_size=loaded.transform.resize_size,
         min_side=config.min_image_size,
@@ -123,18 +143,17 @@ def _engine_for(
             return [str(exc)]
         return []
 
+    build.failures_of = failures_of
     if config.backend == "auto":
         spent_before = _spent_elsewhere(phases)
         choosing = time.perf_counter()
         backend, choice = choose_backend(
-            config, device, loaded_digest(loaded), input_shape(loaded),
-            min(8, batching.max_batch_size),
+            config, device, loaded_digest(loaded), input_shape(loaded), build.rows,
             lambda name, precision: _build_backend(
-                config.with_backend(name, precision), loaded, device, batching, phases,
-                failures_of, own_copy=True,
+                config.with_backend(name, precision), loaded, build, own_copy=True
             ),
             lambda name: int8_ready(config.with_backend(name, "int8"), loaded),
-            failures_of, device_lock,
+            failures_of, device_lock, build.machine,
         )  # fmt: skip
         # Measuring (and building the candidates that lost) is the choice's own time.
         phases.add("choice", time.perf_counter() - choosing
@@ -142,7 +161,7 @@ def _engine_for(
         backend.choice = choice
         config = config.with_backend(backend.name, choice["precision"])
     else:
-        backend = _build_backend(config, loaded, device, batching, phases, failures_of)
+        backend = _build_backend(config, loaded, build)
     engine = engine_of(backend)
     if is_checked(backend):
         engine.check = checks.get(backend) or engine_check(engine, loaded, device, phases)
@@ -171,37 +190,22 @@ def _spent_elsewhere(phases: Phases) -> float:
 
 
 def _build_backend(
-    config: ModelConfig,
-    loaded: LoadedModel,
-    device: torch.device,
-    batching: BatchConfig,
-    phases: Phases,
-    failures_of: Callable[[Backend], list[str]] | None = None,
-    *,
-    own_copy: bool = False,
+    config: ModelConfig, loaded: LoadedModel, build: _Build, *, own_copy: bool = False
 ) -> Backend:
     if config.backend == "torch":
         # Its own copy when other backends may be built from the same module after it.
-        return torch_backend(config, loaded.copied() if own_copy else loaded, device, batching,
-                             phases, failures_of)  # fmt: skip
-    return runtime_backend(config, loaded, device, batching, phases, failures_of)
+        return _torch_backend(config, loaded.copied() if own_copy else loaded, build)
+    return _runtime_backend(config, loaded, build)
 
 
-def torch_backend(
-    config: ModelConfig,
-    loaded: LoadedModel,
-    device: torch.device,
-    batching: BatchConfig,
-    phases: Phases | None = None,
-    failures_of: Callable[[Backend], list[str]] | None = None,
-) -> Backend:
-    phases = phases or Phases()
-    candidates = precision_candidates(config.precision, device)
+def _torch_backend(config: ModelConfig, loaded: LoadedModel, build: _Build) -> Backend:
+    device = build.device
+    candidates = precision_candidates(config.precision, device, build.machine.native_bf16)
     shape = input_shape(loaded)
 
     mode = resolve_compile(config.compile, device)
 
-    def build(precision: str) -> Backend:
+    def candidate(precision: str) -> Backend:
         dtype = DTYPES[precision]
         artifact = (torchscript_artifact(config.artifacts_dir, loaded, dtype, device)
                     if mode == "torchscript" else None)  # fmt: skip
@@ -221,8 +225,9 @@ def torch_backend(
         )  # fmt: skip
 
     names = [NAMES[dtype] for dtype in candidates]
-    with phases.phase("compile"):  # TorchScript: traced and frozen, or loaded
-        backend, rates = fastest(names, build, shape, min(8, batching.max_batch_size), failures_of)
+    with build.phases.phase("compile"):  # TorchScript: traced and frozen, or loaded
+        backend, rates = fastest(names, candidate, shape, build.rows, build.failures_of,
+                                 build.machine.rate)  # fmt: skip
     backend.measured_rates = rates
     return backend
 
@@ -230,7 +235,9 @@ def torch_backend(
 # -- inference runtimes -------------------------------------------------------------------
 
 
-def runtime_precisions(config: ModelConfig, device: torch.device) -> tuple[str, ...]:
+def runtime_precisions(
+    config: ModelConfig, device: torch.device, native_bf16: bool
+) -> tuple[str, ...]:
     """The precisions a runtime may serve here, most accurate first. ``PRECISION=auto`` is
     fp32, and on a CPU with native bf16 kernels OpenVINO's bf16 too, measured against it as
     PyTorch's precisions are (resnet18's forward pass: 224 images/s in bf16 against 105 in fp32
@@ -242,7 +249,7 @@ def runtime_precisions(config: ModelConfig, device: torch.device) -> tuple[str, 
         ("openvino", "cpu"): ("fp32", "bf16", "int8"),
     }.get((config.backend, device.type), ())
     if config.precision == "auto" and "fp32" in supported:
-        bf16 = "bf16" in supported and cpu_supports_bf16()
+        bf16 = "bf16" in supported and native_bf16
         return ("fp32", "bf16") if bf16 else ("fp32",)
     if config.precision not in supported:
         served = " or ".join(supported) or "nothing"
@@ -253,16 +260,9 @@ def runtime_precisions(config: ModelConfig, device: torch.device) -> tuple[str, 
     return (config.precision,)
 
 
-def runtime_backend(
-    config: ModelConfig,
-    loaded: LoadedModel,
-    device: torch.device,
-    batching: BatchConfig,
-    phases: Phases | None = None,
-    failures_of: Callable[[Backend], list[str]] | None = None,
-) -> Backend:
-    phases = phases or Phases()
-    precisions = runtime_precisions(config, device)
+def _runtime_backend(config: ModelConfig, loaded: LoadedModel, build: _Build) -> Backend:
+    device, batching, phases = build.device, build.batching, build.phases
+    precisions = runtime_precisions(config, device, build.machine.native_bf16)
     root = config.artifacts_dir
     gate = None
     with phases.phase("artefacts"):  # found, or exported, converted or quantised now
@@ -281,14 +281,14 @@ def runtime_backend(
     # the threads while only one of them computes.
     concurrent = 1 if batching.serial_execution else batching.max_inflight_batches
 
-    def build(precision: str) -> Backend:
+    def candidate(precision: str) -> Backend:
         return open_runtime(config.backend, path, precision=precision,
                             threads=config.threads, classes=len(loaded.labels),
                             device=device, concurrent_batches=concurrent)  # fmt: skip
 
     with phases.phase("compile"):  # the runtime's session or compiled model (per precision)
-        backend, rates = fastest(precisions, build, input_shape(loaded),
-                                 min(8, batching.max_batch_size), failures_of)  # fmt: skip
+        backend, rates = fastest(precisions, candidate, input_shape(loaded), build.rows,
+                                 build.failures_of, build.machine.rate)  # fmt: skip
     backend.measured_rates = rates or None
     backend.int8_gate = gate
     return backend

@@ -75,9 +75,7 @@ def judge_stored(config: ModelConfig, loaded: LoadedModel, path: Path) -> dict[s
     again on the held-out images stored beside it. What ``/v1/models`` shows of it."""
     bounds = int8_bounds(config)
     report = read_json(path.parent / REPORT)
-    bound_to = binding(
-        loaded, loaded_digest(loaded), path, config.backend, config.threads
-    )
+    bound_to = binding(loaded, loaded_digest(loaded), path, config.backend, config.threads)
     reasons = reasons_to_rejudge(report, bound_to, bounds)
     if report is not None and not reasons:
         figures = report
@@ -113,8 +111,9 @@ def _rejudge(
             f"beside it (INT8_GATE_MIN_IMAGES={config.int8_gate_min_images}): build it again "
             f"with `python -m app.quantize --calibration DIR`"
         ]}  # fmt: skip
-    backend = open_runtime(config.backend, path, precision="int8",
-                           threads=config.threads, classes=len(loaded.labels))
+    backend = open_runtime(
+        config.backend, path, precision="int8", threads=config.threads, classes=len(loaded.labels)
+    )
     reference = probabilities(eager_reference(loaded), images)
     figures = compare(reference, probabilities(engine_for(loaded, backend), images))
     # The speed measured when it was built, if the report is this artefact's.

@@ -15,6 +15,7 @@ logger = logging.getLogger("batchserve")
 
 # A less precise candidate must be at least this much faster to be served instead.
 MARGIN = 1.1
+SECONDS = 0.3  # each candidate precision's forward pass is timed this long at least
 
 
 def images_per_second(
@@ -47,6 +48,9 @@ def _synchronize(backend: Backend) -> None:
         torch.cuda.synchronize(backend.device)
 
 
+Rate = Callable[[Backend, tuple[int, int, int], int, float], float]
+
+
 def side_by_side(
     first: Backend, second: Backend, input_shape: tuple[int, int, int], rows: int, rounds: int = 3
 ) -> tuple[float, float]:
@@ -66,6 +70,7 @@ def fastest(
     input_shape: tuple[int, int, int],
     rows: int,
     failures_of: Callable[[Backend], list[str]] | None = None,
+    rate: Rate = images_per_second,
 ) -> tuple[Backend, dict[str, float]]:
     """Build a backend per candidate precision (``fp32``, ``bf16``, ...: most accurate first)
     and serve the first one that no later candidate beats by ``MARGIN``, unless it fails its
@@ -77,7 +82,7 @@ def fastest(
     built: dict[str, Backend] = {}
     for precision in candidates:
         built[precision] = build(precision)
-        rates[precision] = images_per_second(built[precision], input_shape, rows)
+        rates[precision] = rate(built[precision], input_shape, rows, SECONDS)
     rejected: dict[str, list[str]] = {}
     for precision in preferred(rates):
         backend = built.pop(precision)

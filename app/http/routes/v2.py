@@ -180,9 +180,7 @@ def _requested_outputs(document: InferenceRequestBody, classes: int) -> list[Req
         return [RequestedOutput(None, binary_all)]
     return [
         RequestedOutput(
-            requested_output(
-                output.name, output.parameters.get("classification"), classes
-            ),
+            requested_output(output.name, output.parameters.get("classification"), classes),
             bool(output.parameters.get("binary_data", binary_all)),
         )
         for output in requested
