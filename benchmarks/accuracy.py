@@ -25,8 +25,7 @@ from typing import Any
 
 import torch
 
-from app.engine import InferenceEngine
-from app.engine.gate import Bounds, compare, probabilities, verdict
+from app.engine import Bounds, InferenceEngine, compare, probabilities, verdict
 from benchmarks.common import machine, machine_markdown, table, write_results
 from benchmarks.corpus import IMAGE_SUFFIXES, generate
 from benchmarks.offline import make_engine

@@ -29,8 +29,7 @@ from contextlib import ExitStack
 from pathlib import Path
 from typing import Any
 
-from app.engine.int8_class import this_cpu
-from app.engine.quantize import plain_recipe
+from app.engine import plain_recipe, this_cpu
 from benchmarks import wrk
 from benchmarks.common import machine, machine_markdown, median, table, write_results
 from benchmarks.compare import server_env, variants

@@ -40,7 +40,7 @@ def machine() -> dict[str, Any]:
         info["cuda"] = torch.cuda.get_device_name(0) if torch.cuda.is_available() else None
     except ImportError:
         pass
-    from app.engine.int8_class import this_cpu
+    from app.engine import this_cpu
 
     info["int8_class"] = this_cpu().name
     with contextlib.suppress(OSError, subprocess.CalledProcessError):

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from app.engine.warmup import synthetic_jpegs
+from app.engine import synthetic_jpegs
 
 IMAGE_SUFFIXES = {".jpg", ".jpeg", ".png", ".webp"}
 

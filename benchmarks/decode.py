@@ -33,7 +33,7 @@ from typing import Any
 import simplejpeg
 import torch
 
-from app.engine.warmup import synthetic_photo
+from app.engine import synthetic_photo
 from benchmarks.common import machine, machine_markdown, median, publish, table
 from preprocessing import ImageHeader, TransformConfig, decode_cpu, read_header
 from preprocessing.decode import apply_orientation, dct_factor

@@ -27,12 +27,21 @@ from typing import Any
 import numpy as np
 import torch
 
-from app.engine.artifacts import REPORT, read_json
-from app.engine.gate import compare, eager_reference, probabilities, verdict
-from app.engine.int8_class import named, this_cpu
-from app.engine.int8_report import GATE_IMAGES, int8_bounds
-from app.engine.loading import load_model
-from app.engine.quantize import build_int8, calibration_batches
+from app.engine import (
+    GATE_IMAGES,
+    REPORT,
+    build_int8,
+    calibration_batches,
+    compare,
+    eager_reference,
+    int8_bounds,
+    load_model,
+    named,
+    probabilities,
+    read_json,
+    this_cpu,
+    verdict,
+)
 from app.settings import Settings
 from benchmarks.common import machine, machine_markdown, table, write_results
 from tests.real_model import FACTORY, photos, write_labels

@@ -17,11 +17,7 @@ import tempfile
 from pathlib import Path
 from typing import Any
 
-from app.engine.artifacts import REPORT, read_json
-from app.engine.factory import build_engine
-from app.engine.gate import probabilities
-from app.engine.loading import load_model
-from app.engine.quantize import build_int8
+from app.engine import REPORT, build_engine, build_int8, load_model, probabilities, read_json
 from app.settings import Settings
 from benchmarks.common import machine, machine_markdown, table, write_results
 from tests.real_model import FACTORY, photos, write_labels

@@ -23,8 +23,7 @@ from typing import Any
 import numpy as np
 import torch
 
-from app.engine.export import ONNX_FILE, OPENVINO_FILE, convert_to_openvino, export_onnx
-from app.engine.loading import load_model
+from app.engine import ONNX_FILE, OPENVINO_FILE, convert_to_openvino, export_onnx, load_model
 from app.settings import Settings
 from benchmarks.common import machine, machine_markdown, median, table, write_results
 

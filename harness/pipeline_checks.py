@@ -15,8 +15,14 @@ from typing import Any
 
 import torch
 
-from app.engine import BatchReport, EngineObserver, ImageRequest, InferenceEngine, Prediction
-from app.engine.graphs import bucket_for
+from app.engine import (
+    BatchReport,
+    EngineObserver,
+    ImageRequest,
+    InferenceEngine,
+    Prediction,
+    bucket_for,
+)
 
 
 class ReportLog(EngineObserver):

@@ -88,3 +88,18 @@ def test_the_engine_knows_nothing_of_the_process_settings() -> None:
     for name, targets in import_graph().items():
         if name.startswith("app.engine"):
             assert "app.settings" not in targets, f"{name} imports app.settings"
+
+
+def test_benchmarks_and_the_harness_use_the_engines_public_surface() -> None:
+    """They import ``app.engine`` itself, never one of its modules: the engine's shape can
+    change beneath them."""
+    for package in ("benchmarks", "harness"):
+        for path in (ROOT / package).rglob("*.py"):
+            for node in ast.walk(ast.parse(path.read_text())):
+                names = []
+                if isinstance(node, ast.ImportFrom) and node.module:
+                    names = [node.module]
+                elif isinstance(node, ast.Import):
+                    names = [alias.name for alias in node.names]
+                inside = [name for name in names if name.startswith("app.engine.")]
+                assert not inside, f"{path.relative_to(ROOT)} imports {inside}"
