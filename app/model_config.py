@@ -9,7 +9,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Annotated, Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
+from pydantic import AfterValidator, BaseModel, ConfigDict, Field, field_validator, model_validator
 from pydantic_settings import NoDecode
 
 from batching import BatchConfig, parse_sizes
@@ -19,6 +19,16 @@ BackendName = Literal["auto", "torch", "onnxruntime", "openvino"]
 DecodeDevice = Literal["auto", "cpu", "cuda"]
 CompileMode = Literal["auto", "none", "torchscript", "inductor"]
 Warmup = Literal["auto", "all", "first"]
+
+
+def _directory(value: Path) -> Path:
+    if not value.is_dir():
+        raise ValueError(f"no directory at {value}")
+    return value
+
+
+# A setting naming a folder that must exist.
+Directory = Annotated[Path, AfterValidator(_directory)]
 
 
 class ModelKeys(BaseModel):
@@ -39,7 +49,7 @@ class ModelKeys(BaseModel):
     cuda_graphs: bool = False
     compile: CompileMode = "auto"
     backend: BackendName = "auto"
-    calibration_dir: Path | None = None
+    calibration_dir: Directory | None = None
     allow_ungated_int8: bool = False
     # The INT8 accuracy gate: the INT8 model against eager fp32 PyTorch on held-out photos.
     int8_gate_min_confident_top1_agreement: float = Field(0.98, ge=0, le=1)
@@ -81,13 +91,6 @@ class ModelKeys(BaseModel):
     def _labels_exist(cls, value: Path | None) -> Path | None:
         if value is not None and not value.is_file():
             raise ValueError(f"no labels file at {value}")
-        return value
-
-    @field_validator("calibration_dir")
-    @classmethod
-    def _calibration_exists(cls, value: Path | None) -> Path | None:
-        if value is not None and not value.is_dir():
-            raise ValueError(f"no directory at {value}")
         return value
 
     @field_validator("device")

@@ -15,7 +15,7 @@ from pydantic_settings import (
 )
 
 from app.cpus import available_cpus
-from app.model_config import MODEL_KEYS, ModelConfig, ModelKeys
+from app.model_config import MODEL_KEYS, Directory, ModelConfig, ModelKeys
 
 ENV_PREFIX = "BATCHSERVE_"
 
@@ -60,7 +60,7 @@ class Settings(BaseSettings, ModelKeys):
     worker_index: int = Field(0, ge=0, le=255)
 
     # Several models
-    model_repository: Path | None = None
+    model_repository: Directory | None = None
     model_control: ModelControl = "none"
     load_models: Annotated[tuple[str, ...], NoDecode] = ()
     default_model: str | None = Field(None, pattern=MODEL_NAME_PATTERN)
@@ -93,13 +93,6 @@ class Settings(BaseSettings, ModelKeys):
                 f"must be at least {MIN_API_KEY_BYTES} bytes (got "
                 f"{len(value.get_secret_value().encode())}); unset it to turn authentication off"
             )
-        return value
-
-    @field_validator("model_repository")
-    @classmethod
-    def _repository_exists(cls, value: Path | None) -> Path | None:
-        if value is not None and not value.is_dir():
-            raise ValueError(f"no directory at {value}")
         return value
 
     @field_validator("log_level", mode="before")
