@@ -80,8 +80,11 @@ def _one_image(data: bytes, facts: ModelFacts) -> Parsed:
 
 
 async def through_core(predictor: Predictor, data: bytes) -> None:
-    await predictor.infer(InferenceRequest(None, None, _Given(data), _one_image,
-                                           parse_off_loop=False, declared_bytes=len(data)))
+    await predictor.infer(
+        InferenceRequest(
+            None, None, _Given(data), _one_image, parse_off_loop=False, declared_bytes=len(data)
+        )
+    )
 
 
 async def cpu_per_request(send: Callable[[bytes], Awaitable[None]], images: list[bytes],
