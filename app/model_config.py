@@ -19,6 +19,7 @@ BackendName = Literal["auto", "torch", "onnxruntime", "openvino"]
 DecodeDevice = Literal["auto", "cpu", "cuda"]
 CompileMode = Literal["auto", "none", "torchscript", "inductor"]
 Warmup = Literal["auto", "all", "first"]
+TaskName = Literal["auto", "classify", "detect", "segment", "embed"]
 
 
 def _directory(value: Path) -> Path:
@@ -39,6 +40,9 @@ class ModelKeys(BaseModel):
 
     # The model
     model: str = Field("resnet50", min_length=1)
+    # What it answers: auto (inferred for torchvision's architectures, else classify),
+    # classify, detect, segment, or embed (a classifier's penultimate features).
+    task: TaskName = "auto"
     weights: str = "pretrained"
     labels: Path | None = None
     device: str = "auto"
@@ -75,6 +79,13 @@ class ModelKeys(BaseModel):
     # and its place in the queue are held that long at most.
     max_request_timeout_ms: float | None = Field(None, gt=0)
     top_k: int = Field(5, ge=1)
+    # Detection: the defaults of ?min_score= and ?max_detections=, and the IoU of the server's
+    # non-maximum suppression for detectors that run none of their own (0: none).
+    min_score: float = Field(0.3, ge=0, le=1)
+    max_detections: int = Field(100, ge=1, le=10_000)
+    nms_iou: float = Field(0.5, ge=0, le=1)
+    # Embedding: each vector of unit length.
+    embed_normalize: bool = True
 
     @field_validator("preferred_batch_sizes", mode="before")
     @classmethod

@@ -24,6 +24,7 @@ from contextlib import ExitStack
 from pathlib import Path
 from typing import Any
 
+from app.engine import resolve_task
 from benchmarks import wrk
 from benchmarks.backends import prepare_artifacts
 from benchmarks.common import machine, machine_markdown, median, table, write_results
@@ -43,6 +44,8 @@ BATCHSERVE = [
     "batchserve fp32:precision=fp32",
     "batchserve int8:backend=openvino,precision=int8",
 ]
+# A detector or a segmenter: batchserve's default beside itself unbatched (one image a pass).
+BATCHSERVE_TASKS = ["batchserve:", "batchserve unbatched:max_batch_size=1"]
 
 
 def peer_python(name: str) -> Path:
@@ -110,7 +113,8 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
         peer_python(name)
     samples: dict[str, list[dict[str, Any]]] = {}
     with stack:
-        prepare_artifacts(args.model, args.batch_size, ours)
+        if resolve_task("auto", args.model) == "classify":
+            prepare_artifacts(args.model, args.batch_size, ours)
         # One start each before the rounds: BACKEND=auto measures once and keeps its choice.
         for settings in ours.values():
             with UvicornProcess(settings, startup_timeout=600):
@@ -219,11 +223,16 @@ def main() -> None:
     parser.add_argument("--duration", type=float, default=10.0)
     parser.add_argument("--warmup", type=float, default=3.0)
     parser.add_argument("--images", type=Path)
-    parser.add_argument("--configs", nargs="*", default=BATCHSERVE,
-                        help="batchserve servers: name:setting=value,...")  # fmt: skip
+    parser.add_argument("--configs", nargs="*",
+                        help="batchserve servers: name:setting=value,... (default: fp32 and "
+                        "OpenVINO INT8 for a classifier; the default and unbatched for a "
+                        "detector or segmenter)")  # fmt: skip
     parser.add_argument("--peers", nargs="*", default=list(PEERS), choices=list(PEERS))
     parser.add_argument("--name", help="results/<name>.md (default: peers-<model>)")
     args = parser.parse_args()
+    if args.configs is None:
+        classify = resolve_task("auto", args.model) == "classify"
+        args.configs = BATCHSERVE if classify else BATCHSERVE_TASKS
     data = run(args)
     text = markdown(data)
     print(text)

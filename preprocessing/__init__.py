@@ -17,8 +17,21 @@ from preprocessing.formats import (
     read_header,
     sniff,
 )
-from preprocessing.prepare import PreparedImage, prepare, prepare_normalized, prepare_pixels
-from preprocessing.transforms import TransformConfig, normalize_into, resize_crop
+from preprocessing.prepare import (
+    PreparedImage,
+    oriented_size,
+    prepare,
+    prepare_normalized,
+    prepare_pixels,
+)
+from preprocessing.transforms import (
+    TransformConfig,
+    fit,
+    letterbox,
+    letterbox_size,
+    normalize_into,
+    resize_crop,
+)
 
 __all__ = [
     "Buffer",
@@ -32,7 +45,11 @@ __all__ = [
     "TransformConfig",
     "UnsupportedFormatError",
     "decode_cpu",
+    "fit",
+    "letterbox",
+    "letterbox_size",
     "normalize_into",
+    "oriented_size",
     "prepare",
     "prepare_normalized",
     "prepare_pixels",

@@ -9,7 +9,7 @@ import torch
 
 from preprocessing.decode import decode_cpu
 from preprocessing.formats import Buffer, ImageFormat, ImageHeader, ImageLimits, read_header
-from preprocessing.transforms import TransformConfig, resize_crop
+from preprocessing.transforms import TransformConfig, decode_short_side, fit
 
 
 @dataclass(slots=True)
@@ -41,7 +41,9 @@ def prepare(
     header = read_header(data, limits)
     if device_decodes_jpeg and header.format is ImageFormat.JPEG:
         return PreparedImage(header, data=data, decode_s=time.perf_counter() - started)
-    pixels = resize_crop(decode_cpu(data, header, transform.resize_size), transform)
+    width, height = oriented_size(header)
+    short_side = decode_short_side(width, height, transform)
+    pixels = fit(decode_cpu(data, header, short_side), transform)
     return PreparedImage(header, pixels=pixels, decode_s=time.perf_counter() - started)
 
 
@@ -53,9 +55,16 @@ def prepare_pixels(
     started = time.perf_counter()
     height, width = int(pixels.shape[-2]), int(pixels.shape[-1])
     (limits or ImageLimits()).check(width, height)
-    crop = resize_crop(pixels.contiguous(), transform)
+    crop = fit(pixels.contiguous(), transform)
     header = ImageHeader(ImageFormat.RAW, width, height)
     return PreparedImage(header, pixels=crop, decode_s=time.perf_counter() - started)
+
+
+def oriented_size(header: ImageHeader) -> tuple[int, int]:
+    """The image's width and height once upright (EXIF orientations 5 to 8 turn it)."""
+    if header.orientation in (5, 6, 7, 8):
+        return header.height, header.width
+    return header.width, header.height
 
 
 def prepare_normalized(tensor: torch.Tensor) -> PreparedImage:

@@ -1,4 +1,9 @@
-"""Resize, crop and normalize: a classification model's evaluation transform, on torch alone.
+"""Resize, crop and normalize: a model's evaluation transform, on torch alone.
+
+A classifier sees the centre crop (``resize_crop``); a detector or a segmenter must see the
+whole image, so it is letterboxed instead (``letterbox``): resized to fit the square input
+with its aspect ratio kept, placed at the top left, the rest filled with the mean colour
+(zero once normalised), so that images of any size and aspect ratio share one batch.
 
 The same arithmetic as torchvision's ``Resize(resize_size, antialias=True)``,
 ``CenterCrop(crop_size)``, ``ToDtype(float32, scale=True)`` and ``Normalize(mean, std)`` on
@@ -42,6 +47,9 @@ class TransformConfig:
     mean: tuple[float, float, float] = IMAGENET_MEAN
     std: tuple[float, float, float] = IMAGENET_STD
     interpolation: Interpolation = Interpolation.BILINEAR
+    # The whole image, fitted into the crop_size square (detection, segmentation), instead of
+    # the centre crop of its resize.
+    letterbox: bool = False
 
     def __post_init__(self) -> None:
         if self.crop_size < 1 or self.resize_size < 1:
@@ -83,9 +91,15 @@ def resize(image: torch.Tensor, short_side: int, mode: Interpolation) -> torch.T
         # A single HWC-ordered image: give the batch axis a stride of its own so that torch
         # keeps the output channels_last too (and skips a repacking copy for uint8).
         batch = batch.as_strided(batch.shape, (image.numel(), *batch.stride()[1:]))
-    dtype = image.dtype
+    return _interpolate(batch, size, mode).reshape(*lead, channels, *size)
+
+
+def _interpolate(batch: torch.Tensor, size: tuple[int, int], mode: Interpolation) -> torch.Tensor:
+    """``[N, C, H, W]`` resized to ``size`` (antialiased for bilinear and bicubic), in its own
+    dtype: uint8 through float only where torch has no uint8 kernel for the mode here."""
+    dtype = batch.dtype
     cast = dtype not in (torch.float32, torch.float64) and not (
-        dtype == torch.uint8 and _uint8_stays_uint8(mode, image.device)
+        dtype == torch.uint8 and _uint8_stays_uint8(mode, batch.device)
     )
     smooth = mode in (Interpolation.BILINEAR, Interpolation.BICUBIC)
     resized = interpolate(
@@ -96,7 +110,7 @@ def resize(image: torch.Tensor, short_side: int, mode: Interpolation) -> torch.T
         if mode is Interpolation.BICUBIC:
             resized = resized.clamp_(0, 255)
         resized = resized.round_().to(dtype)
-    return resized.reshape(*lead, channels, *size)
+    return resized
 
 
 def center_crop(image: torch.Tensor, size: int) -> torch.Tensor:
@@ -106,6 +120,43 @@ def center_crop(image: torch.Tensor, size: int) -> torch.Tensor:
         raise ValueError(f"a {width}x{height} image has no {size}x{size} centre")
     top, left = round((height - size) / 2), round((width - size) / 2)
     return image[..., top : top + size, left : left + size]
+
+
+def letterbox_size(height: int, width: int, size: int) -> tuple[int, int]:
+    """The size of a ``height`` x ``width`` image fitted into a ``size`` square, its aspect
+    ratio kept: its longer side becomes ``size``, the shorter one is rounded (at least 1)."""
+    scale = size / max(height, width)
+    return max(1, min(size, round(height * scale))), max(1, min(size, round(width * scale)))
+
+
+def letterbox(image: torch.Tensor, config: TransformConfig) -> torch.Tensor:
+    """``uint8[3, H, W]`` fitted into ``crop_size`` x ``crop_size`` (``letterbox_size``), at
+    the top left, the rest the mean colour. Any device; keeps the dtype."""
+    height, width = int(image.shape[-2]), int(image.shape[-1])
+    target = letterbox_size(height, width, config.crop_size)
+    if target != (height, width):
+        resized = _interpolate(image.unsqueeze(0), target, config.interpolation)[0]
+    else:
+        resized = image
+    size = config.crop_size
+    fill = torch.tensor([round(255 * m) for m in config.mean], dtype=image.dtype,
+                        device=image.device).view(3, 1, 1)  # fmt: skip
+    canvas = fill.expand(3, size, size).clone()
+    canvas[:, : target[0], : target[1]] = resized
+    return canvas
+
+
+def fit(image: torch.Tensor, config: TransformConfig) -> torch.Tensor:
+    """The model's input image: letterboxed, or resized and centre-cropped."""
+    return letterbox(image, config) if config.letterbox else resize_crop(image, config)
+
+
+def decode_short_side(width: int, height: int, config: TransformConfig) -> int:
+    """The short side the transform needs of an image (a JPEG decoded scaled down in the DCT
+    must keep it): the resize's, or for a letterbox, what its short side is fitted to."""
+    if not config.letterbox:
+        return config.resize_size
+    return min(letterbox_size(height, width, config.crop_size))
 
 
 def resize_crop(image: torch.Tensor, config: TransformConfig) -> torch.Tensor:

@@ -194,3 +194,94 @@ def ballast_from_env() -> nn.Module:
 
     time.sleep(float(os.environ.get("BATCHSERVE_TEST_BUILD_SECONDS", "0")))
     return Ballast(float(os.environ.get("BATCHSERVE_TEST_BALLAST_MIB", "0")))
+
+
+# Beyond classification: models whose right answers are known from the pixels. A pixel counts
+# as bright when its normalised channels average above 1 (white is about 2.2, black -1.8 and
+# the letterbox's mean-colour fill 0), so a white rectangle on black is found exactly where it
+# was drawn, whatever the image's size, aspect ratio or place in a batch.
+BRIGHT = 1.0
+
+
+def _bright(x: torch.Tensor) -> torch.Tensor:
+    """``bool[N, H, W]``: which pixels are bright."""
+    return x.mean(dim=1) > BRIGHT
+
+
+def _extent(found: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """First and one-past-last index where ``found [N, L]`` is true (0, 0 where it never is)."""
+    length = found.shape[1]
+    index = torch.arange(length, device=found.device).expand_as(found)
+    first = torch.where(found, index, length).min(dim=1).values
+    last = torch.where(found, index + 1, 0).max(dim=1).values
+    return torch.minimum(first, last), last
+
+
+class BrightBoxDetector(nn.Module):
+    """Finds the bright rectangle of each image: its bounding box at score 0.9 (label 1), the
+    same box shifted by one pixel at 0.8 (a duplicate that non-maximum suppression must
+    drop), and the whole input at 0.4 (label 2). No bright pixel: scores of 0 (padding)."""
+
+    def forward(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        bright = _bright(x)
+        y1, y2 = _extent(bright.any(dim=2))
+        x1, x2 = _extent(bright.any(dim=1))
+        box = torch.stack([x1, y1, x2, y2], dim=1).float()
+        whole = torch.tensor([0.0, 0.0, x.shape[3], x.shape[2]]).expand_as(box)
+        boxes = torch.stack([box, box + 1, whole], dim=1)
+        present = bright.flatten(1).any(dim=1).float().unsqueeze(1)
+        scores = present * torch.tensor([[0.9, 0.8, 0.4]])
+        labels = torch.tensor([[1, 1, 2]]).expand(x.shape[0], 3)
+        return boxes, scores, labels
+
+
+def bright_box_detector() -> nn.Module:
+    return BrightBoxDetector()
+
+
+class BrightListDetector(nn.Module):
+    """The same boxes as torchvision's detectors answer them: a list of one dict per image,
+    with as many boxes as each image has (none without a bright pixel)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.boxes = BrightBoxDetector()
+
+    def forward(self, x: torch.Tensor) -> list[dict[str, torch.Tensor]]:
+        boxes, scores, labels = self.boxes(x)
+        return [{"boxes": b[s > 0][:1], "scores": s[s > 0][:1], "labels": lab[s > 0][:1]}
+                for b, s, lab in zip(boxes, scores, labels, strict=True)]  # fmt: skip
+
+
+def bright_list_detector() -> nn.Module:
+    return BrightListDetector()
+
+
+class BrightSegmenter(nn.Module):
+    """Class 1 where a pixel is bright, class 0 elsewhere: logits ``[N, 2, H, W]``, returned
+    as torchvision's segmenters do (``{"out": logits}``)."""
+
+    def forward(self, x: torch.Tensor) -> dict[str, torch.Tensor]:
+        margin = x.mean(dim=1) - BRIGHT
+        return {"out": torch.stack([-margin, margin], dim=1)}
+
+
+def bright_segmenter() -> nn.Module:
+    return BrightSegmenter()
+
+
+class MeanColorEncoder(nn.Module):
+    """An encoder whose vector is known from the pixels: the normalised mean colour of each
+    cell of a 2x2 grid, ``[N, 12]`` (cell by cell, red, green and blue)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.pool = nn.AdaptiveAvgPool2d(2)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        features: torch.Tensor = self.pool(x).permute(0, 2, 3, 1).flatten(1)
+        return features
+
+
+def mean_color_encoder() -> nn.Module:
+    return MeanColorEncoder()

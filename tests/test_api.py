@@ -145,7 +145,7 @@ async def test_metrics_exposes_the_documented_names(client: httpx.AsyncClient) -
         'batchserve_stage_seconds_count{model="color_classifier",stage="postprocess",version="1"}',
         f'batchserve_device_busy_seconds_total{{device="cpu",{one}}}',
         'batchserve_model_info{backend="torch",device="cpu",model="color_classifier",'
-        'precision="fp32",version="1",weights="random"}',
+        'precision="fp32",task="classify",version="1",weights="random"}',
         f"batchserve_model_ready{{{one}}} 1.0",
         'batchserve_state{state="ready"} 1.0',
         "batchserve_admitted_bytes 0.0",
@@ -476,8 +476,9 @@ async def test_predict_takes_the_parameters_its_documentation_names(
 ) -> None:
     documented = (await client.get("/openapi.json")).json()["paths"]["/predict"]["post"]
     parameters = {p["name"]: p["schema"] for p in documented["parameters"]}
-    assert set(parameters) == {"top_k", "model", "version"}
+    assert set(parameters) == {"top_k", "model", "version", "min_score", "max_detections"}
     assert parameters["top_k"]["anyOf"][0] == {"type": "integer", "minimum": 1}
+    assert parameters["min_score"]["anyOf"][0] == {"type": "number", "minimum": 0, "maximum": 1}
     assert parameters["version"]["anyOf"][0] == {"type": "integer", "minimum": 1}
     answer = await client.post(
         "/predict?top_k=2&model=color_classifier&version=1", content=images.jpeg(), headers=JPEG

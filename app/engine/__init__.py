@@ -25,6 +25,7 @@ from app.engine.loading import LoadedModel, ModelLoadError, load_model
 from app.engine.machine import Machine, fixed_rates
 from app.engine.observer import BatchReport, EngineObserver
 from app.engine.quantize import build_int8, calibration_batches, plain_recipe
+from app.engine.tasks import resolve_task
 from app.engine.warmup import synthetic_jpegs, synthetic_photo
 
 __all__ = [
@@ -64,6 +65,7 @@ __all__ = [
     "read_json",
     "resolve_decode_device",
     "resolve_device",
+    "resolve_task",
     "synthetic_jpegs",
     "synthetic_photo",
     "this_cpu",

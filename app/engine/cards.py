@@ -84,6 +84,7 @@ def card_path(config: ModelConfig) -> Path | None:
         "labels": hashlib.sha256(labels.read_bytes()).hexdigest() if labels else None,
         "image_size": config.image_size,
         "resize_size": config.resize_size,
+        "task": config.task,
         "versions": {name: _version(name) for name in ("torch", "torchvision")},
         "code": code_fingerprint(),
     }
@@ -106,6 +107,8 @@ class ModelCard(BaseModel):
     labels: list[str]
     transform: dict[str, Any]
     checkpoint_sha256: str | None = None
+    task: str = "classify"
+    dimensions: int = 0
 
 
 def keep_card(path: Path, loaded: LoadedModel, digest: str, checkpoint: Path | None) -> None:
@@ -115,7 +118,9 @@ def keep_card(path: Path, loaded: LoadedModel, digest: str, checkpoint: Path | N
         "labels": list(loaded.labels),
         "transform": {"crop_size": transform.crop_size, "resize_size": transform.resize_size,
                       "mean": list(transform.mean), "std": list(transform.std),
-                      "interpolation": transform.interpolation.value},
+                      "interpolation": transform.interpolation.value,
+                      "letterbox": transform.letterbox},
+        "task": loaded.task, "dimensions": loaded.dimensions,
         "checkpoint_sha256": file_sha256(checkpoint) if checkpoint is not None else None,
     })  # fmt: skip
 
@@ -135,7 +140,7 @@ def from_card(
         transform = TransformConfig(
             crop_size=int(values["crop_size"]), resize_size=int(values["resize_size"]),
             mean=tuple(values["mean"]), std=tuple(values["std"]),
-            interpolation=values["interpolation"],
+            interpolation=values["interpolation"], letterbox=bool(values.get("letterbox")),
         )  # fmt: skip
     except (KeyError, TypeError, ValueError):
         logger.warning("ignoring the unreadable model card %s", path)
@@ -158,7 +163,8 @@ def from_card(
         content = ContentCheck(checkpoint, card.checkpoint_sha256)
     logger.info("model %s from its card (%s): built only if needed", name, path)
     return LoadedModel(name, None, weights, tuple(card.labels), transform, build=checked_build,
-                       digest=digest, content=content)  # fmt: skip
+                       digest=digest, content=content, task=card.task,
+                       dimensions=card.dimensions)  # fmt: skip
 
 
 def load_described(

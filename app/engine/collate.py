@@ -9,7 +9,7 @@ from torch.profiler import record_function
 
 from app.engine.slot import BatchSlot
 from app.engine.streams import Mark, Streams
-from preprocessing import Buffer, ImageHeader, PreparedImage, normalize_into, resize_crop
+from preprocessing import Buffer, ImageHeader, PreparedImage, fit, normalize_into
 from preprocessing.device import decode_jpegs
 from preprocessing.transforms import TransformConfig
 
@@ -77,7 +77,7 @@ class Collator:
                     if isinstance(result, BaseException):
                         errors[index] = result
                         continue
-                    crop = resize_crop(result, self.transform)
+                    crop = fit(result, self.transform)
                     slot.hold(result, crop)
                     (on_host if crop.device.type == "cpu" else on_device)[index] = crop
             marks["decoded"] = self.streams.mark()

@@ -6,6 +6,7 @@ import contextlib
 import logging
 import threading
 import time
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -20,6 +21,8 @@ from app.engine.loading import LoadedModel
 from app.engine.observer import BatchReport, EngineObserver
 from app.engine.slot import BatchSlot
 from app.engine.streams import Mark, streams_for
+from app.engine.tasks import answers, outputs
+from app.engine.tasks.answers import Detected, Geometry, geometry_of
 from app.engine.warmup import WARMUP_IMAGES, warmup_images
 from preprocessing import Buffer, ImageLimits, PreparedImage, prepare
 from preprocessing.staging import PinnedStaging
@@ -30,19 +33,26 @@ logger = logging.getLogger("batchserve")
 @dataclass(slots=True)
 class ImageRequest:
     image: PreparedImage
-    top_k: int
+    top_k: int = 1
     dense: bool = False  # every class's probability too, as an array (not ``top_k`` dicts)
+    min_score: float = 0.0  # a detector's boxes below it are not answered
+    max_detections: int = 100
 
 
 @dataclass(slots=True)
 class Prediction:
-    """Top-k classes of one image, and where its batch spent its time."""
+    """One image's answer, and where its batch spent its time: its top-k classes (and, asked
+    ``dense``, every class's probability), its detections, its mask or its embedding, as its
+    model's task gives."""
 
     classes: list[dict[str, Any]]
     batch_size: int
     started: float  # time.perf_counter() when the batch started executing
     timings: dict[str, float] = field(default_factory=dict)
     probabilities: np.ndarray[Any, Any] | None = None  # FP32 [classes], when asked ``dense``
+    detected: Detected | None = None
+    mask: np.ndarray[Any, Any] | None = None  # [H, W] class indices, in the image's pixels
+    embedding: np.ndarray[Any, Any] | None = None  # FP32 [D]
 
 
 class InferenceEngine:
@@ -70,8 +80,15 @@ class InferenceEngine:
         decode_on_device: bool = False,
         device_lock: threading.Lock | None = None,
         torch_threads: int | None = None,
+        nms_iou: float | None = None,
+        embed_normalize: bool = True,
     ) -> None:
         self.name = loaded.name
+        self.task = loaded.task
+        self.dimensions = loaded.dimensions
+        # The server's non-maximum suppression for a detector that runs none (None: none).
+        self.nms_iou = nms_iou
+        self.embed_normalize = embed_normalize
         self.weights = loaded.weights
         self.labels = loaded.labels
         self.transform = loaded.transform
@@ -201,6 +218,9 @@ class InferenceEngine:
 
         count = len(rows)
         padded = bucket_for(count, self.buckets) if self.pads_to_buckets else count
+        if self.task != "classify":
+            return self._execute_task(slot, requests, rows, outcomes, padded, marks, started,
+                                      report)  # fmt: skip
         kmax = max(requests[row].top_k for row in rows)
         scores_out, indices_out = slot.readback(count, kmax)
         lock = self._execute_lock if self.backend.serialized else contextlib.nullcontext()
@@ -241,18 +261,91 @@ class InferenceEngine:
             wanted = dense[position] if dense is not None and requests[row].dense else None
             outcomes[row] = Prediction(classes, count, started, stages, wanted)
         if report:
-            self._observer.on_batch(
-                BatchReport(
-                    rows=count,
-                    padded_rows=padded,
-                    preprocess_s=marks["collated"].seconds_since(marks["start"]),
-                    busy_s=marks["done"].seconds_since(marks["forward_start"]),
-                    forward_queued_at=forward_queued_at,
-                    completed_at=completed_at,
-                    stages=stages,
-                )
-            )
+            self._report(count, padded, marks, forward_queued_at, completed_at, stages)
         return _completed(outcomes)
+
+    def _execute_task(
+        self,
+        slot: BatchSlot,
+        requests: list[ImageRequest],
+        rows: list[int],
+        outcomes: list[Prediction | BaseException | None],
+        padded: int,
+        marks: dict[str, Mark],
+        started: float,
+        report: bool,
+    ) -> list[Prediction | BaseException]:
+        """A batch of a detector, a segmenter or an encoder: the forward pass, then its
+        outputs read and turned into each image's answer on the batch (``tasks.answers``)."""
+        streams, count = self._streams, len(rows)
+        images = [requests[row].image for row in rows]
+        size, letterbox = self.transform.crop_size, self.transform.letterbox
+        geometries = [geometry_of(image, size, letterbox) for image in images]
+        lock = self._execute_lock if self.backend.serialized else contextlib.nullcontext()
+        with lock, streams.compute(after=marks["collated"]):
+            forward_queued_at = time.perf_counter()
+            marks["forward_start"] = streams.mark()
+            with record_function("batchserve.forward"):
+                output = self.backend.forward(slot.inputs[:padded])
+            marks["forward_end"] = streams.mark()
+            with record_function("batchserve.postprocess"):
+                kind, values = self._answers(output, count, rows, requests, geometries)
+            marks["postprocessed"] = streams.mark()
+            marks["done"] = streams.mark()
+        marks["done"].synchronize()
+        completed_at = time.perf_counter()
+        stages = self._stages(marks)
+        for position, row in enumerate(rows):
+            prediction = Prediction([], count, started, stages)
+            setattr(prediction, kind, values[position])
+            outcomes[row] = prediction
+        if report:
+            self._report(count, padded, marks, forward_queued_at, completed_at, stages)
+        return _completed(outcomes)
+
+    def _answers(
+        self,
+        output: Any,
+        count: int,
+        rows: list[int],
+        requests: list[ImageRequest],
+        geometries: list[Geometry],
+    ) -> tuple[str, Sequence[Any]]:
+        """Which field of each row's prediction the task fills, and each row's value."""
+        if self.task == "detect":
+            boxes, scores, labels = outputs.detections(output)
+            wanted = [requests[row] for row in rows]
+            return "detected", answers.detections(
+                boxes[:count], scores[:count], labels[:count], geometries,
+                [each.min_score for each in wanted], [each.max_detections for each in wanted],
+                self.nms_iou,
+            )  # fmt: skip
+        if self.task == "segment":
+            return "mask", answers.masks(outputs.segmentation(output)[:count],
+                                               geometries)  # fmt: skip
+        features = outputs.vectors(output)[:count]
+        return "embedding", list(answers.embeddings(features, self.embed_normalize))
+
+    def _report(
+        self,
+        count: int,
+        padded: int,
+        marks: dict[str, Mark],
+        forward_queued_at: float,
+        completed_at: float,
+        stages: dict[str, float],
+    ) -> None:
+        self._observer.on_batch(
+            BatchReport(
+                rows=count,
+                padded_rows=padded,
+                preprocess_s=marks["collated"].seconds_since(marks["start"]),
+                busy_s=marks["done"].seconds_since(marks["forward_start"]),
+                forward_queued_at=forward_queued_at,
+                completed_at=completed_at,
+                stages=stages,
+            )
+        )
 
     def _stages(self, marks: dict[str, Mark]) -> dict[str, float]:
         stages: dict[str, float] = {}

@@ -46,7 +46,7 @@ def load_configured_model(config: ModelConfig, *, use_card: bool = True) -> Load
     card when there is one (the module is then built only if something needs it)."""
     return load_described(config, lambda: load_model(
         config.model, config.weights, config.labels, config.image_size,
-        config.resize_size,
+        config.resize_size, config.task,
     ), use_card=use_card)  # fmt: skip
 
 
@@ -128,6 +128,7 @@ def _engine_for(
             max_inflight_batches=batching.max_inflight_batches,
             decode_on_device=resolve_decode_device(config.decode_device, device),
             device_lock=device_lock, torch_threads=torch_threads_in_batches(backend, config),
+            nms_iou=_server_nms(config, loaded), embed_normalize=config.embed_normalize,
         )  # fmt: skip
 
     # Candidates (of a precision or a backend) whose start-up check passed, and its report.
@@ -144,7 +145,13 @@ def _engine_for(
         return []
 
     build.failures_of = failures_of
-    if config.backend == "auto":
+    if loaded.task != "classify":
+        _check_task_support(config, loaded.task, device)
+    if config.backend == "auto" and loaded.task != "classify":
+        backend = _build_backend(config.with_backend("torch"), loaded, build)
+        backend.choice = {"chosen": "torch", "precision": backend.precision,
+                          "reason": f"TASK={loaded.task} runs on PyTorch"}  # fmt: skip
+    elif config.backend == "auto":
         spent_before = _spent_elsewhere(phases)
         choosing = time.perf_counter()
         backend, choice = choose_backend(
@@ -198,12 +205,35 @@ def _build_backend(
     return _runtime_backend(config, loaded, build)
 
 
+def _server_nms(config: ModelConfig, loaded: LoadedModel) -> float | None:
+    """The IoU of the server's non-maximum suppression for a detector: none for
+    torchvision's, which run their own, nor with ``NMS_IOU=0``."""
+    if loaded.task != "detect" or ":" not in config.model or config.nms_iou == 0:
+        return None
+    return config.nms_iou
+
+
+def _check_task_support(config: ModelConfig, task: str, device: torch.device) -> None:
+    """What a task other than classification is served with: PyTorch, and on a CPU fp32
+    (its start-up check in bf16, and its export to the runtimes, are the classifiers' alone)."""
+    if config.backend not in ("auto", "torch"):
+        raise StartupError(
+            f"TASK={task} is served by BACKEND=torch (or auto), not BACKEND={config.backend}"
+        )
+    if device.type == "cpu" and config.precision not in ("auto", "fp32"):
+        raise StartupError(
+            f"TASK={task} is served in fp32 on a CPU, not PRECISION={config.precision}"
+        )
+
+
 def _torch_backend(config: ModelConfig, loaded: LoadedModel, build: _Build) -> Backend:
     device = build.device
-    candidates = precision_candidates(config.precision, device, build.machine.native_bf16)
+    native_bf16 = build.machine.native_bf16 and loaded.task == "classify"
+    candidates = precision_candidates(config.precision, device, native_bf16)
     shape = input_shape(loaded)
-
-    mode = resolve_compile(config.compile, device)
+    # A detector's outputs have data-dependent sizes: traced or captured, they would be wrong.
+    mode = "none" if loaded.task == "detect" else resolve_compile(config.compile, device)
+    graphs = config.cuda_graphs and loaded.task != "detect"
 
     def candidate(precision: str) -> Backend:
         dtype = DTYPES[precision]
@@ -212,7 +242,7 @@ def _torch_backend(config: ModelConfig, loaded: LoadedModel, build: _Build) -> B
         compiled = kept(artifact, dtype, device) if artifact is not None else None
         if compiled is not None:  # checked against this model before: no eager model needed
             return TorchBackend(None, device, dtype, shape, compile_mode=mode,
-                                cuda_graphs=config.cuda_graphs, compiled=compiled,
+                                cuda_graphs=graphs, compiled=compiled,
                                 compiled_artifact=artifact)  # fmt: skip
         # .to(dtype) changes a module in place: each of several candidates converts a copy,
         # and so does one that is checked, so that the loaded module stays the fp32 reference.
@@ -220,7 +250,7 @@ def _torch_backend(config: ModelConfig, loaded: LoadedModel, build: _Build) -> B
         alone = len(candidates) == 1 and not checked
         module = loaded.module if alone else copy.deepcopy(loaded.module)
         return TorchBackend(
-            module, device, dtype, shape, compile_mode=mode, cuda_graphs=config.cuda_graphs,
+            module, device, dtype, shape, compile_mode=mode, cuda_graphs=graphs,
             compiled_artifact=artifact,
         )  # fmt: skip
 

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import copy
+import dataclasses
 import difflib
 import importlib
 import logging
@@ -18,6 +19,9 @@ import torch
 from torch import nn
 
 from app.engine.artifacts import weights_digest
+from app.engine.tasks import default_size, letterboxed, resolve_task
+from app.engine.tasks.adapters import SegmenterLogits, TorchvisionDetector, without_head
+from app.engine.tasks.outputs import OutputMismatchError, mismatch, output_size
 from preprocessing import TransformConfig
 from preprocessing.transforms import Interpolation
 
@@ -81,6 +85,8 @@ class LoadedModel:
         build: Callable[[], nn.Module] | None = None,
         digest: str | None = None,
         content: ContentCheck | None = None,
+        task: str = "classify",
+        dimensions: int = 0,
     ) -> None:
         if module is None and build is None:
             raise ValueError("a module, or a way to build it")
@@ -89,6 +95,8 @@ class LoadedModel:
         self.labels = labels
         self.transform = transform
         self.digest = digest
+        self.task = task
+        self.dimensions = dimensions  # an encoder's (``task`` embed)
         self._module = module
         self._build = build
         self._content = content
@@ -110,7 +118,8 @@ class LoadedModel:
         for a backend that converts the module in place."""
         return LoadedModel(
             self.name, None, self.weights, self.labels, self.transform,
-            build=lambda: copy.deepcopy(self.module), digest=self.digest,
+            build=lambda: copy.deepcopy(self.module), digest=self.digest, task=self.task,
+            dimensions=self.dimensions,
         )  # fmt: skip
 
 
@@ -126,24 +135,55 @@ def load_model(
     labels_path: Path | None = None,
     image_size: int | None = None,
     resize_size: int | None = None,
+    task: str = "auto",
 ) -> LoadedModel:
-    """Load ``name`` (a torchvision classification model, or ``package.module:factory``).
+    """Load ``name`` (a torchvision classification, detection or segmentation model, or
+    ``package.module:factory``) for ``task`` (``auto``: inferred from the name).
 
     ``weights``: ``pretrained`` (the model's default pretrained weights, from the torch hub
     cache or downloaded, else ``ModelLoadError``), ``auto`` (the same, else random weights with
     a warning), ``none`` (random), a torchvision weights name such as ``IMAGENET1K_V2``, or a
     checkpoint path.
     """
+    served = resolve_task(task, name)
     labels = read_labels(labels_path) if labels_path is not None else None
     if ":" in name:
         module, weights_used, preset = _load_factory(name, weights)
     else:
-        module, weights_used, preset = _load_torchvision(name, weights, labels)
+        # An encoder needs no classes: the head it loses is the pretrained one.
+        wanted = None if served == "embed" else labels
+        module, weights_used, preset = _load_torchvision(name, weights, wanted)
+    size = image_size or default_size(served, name)
+    if ":" not in name:
+        module = _adapted(module, served, size or preset.transform.crop_size, name)
+    if served == "segment":
+        module = SegmenterLogits(module)
     module.eval()
-    transform = _transform(preset.transform, image_size, resize_size)
-    outputs = _count_outputs(module, transform.crop_size, name)
-    final_labels = _labels(labels, preset.categories, outputs, labels_path)
-    return LoadedModel(name, module, weights_used, final_labels, transform)
+    transform = _transform(preset.transform, size, resize_size, letterbox=letterboxed(served))
+    if isinstance(module, TorchvisionDetector):
+        transform = dataclasses.replace(transform, mean=module.statistics[0],
+                                        std=module.statistics[1])  # fmt: skip
+    outputs = _count_outputs(module, transform.crop_size, name, served)
+    if served in ("classify", "segment"):
+        final_labels = _labels(labels, preset.categories, outputs, labels_path)
+    elif served == "detect":
+        final_labels = labels or preset.categories or ()
+    else:
+        final_labels = ()
+    return LoadedModel(name, module, weights_used, final_labels, transform, task=served,
+                       dimensions=outputs if served == "embed" else 0)  # fmt: skip
+
+
+def _adapted(module: nn.Module, task: str, size: int, name: str) -> nn.Module:
+    """A torchvision model made to take the server's batch for its task."""
+    if task == "detect":
+        return TorchvisionDetector(module, size)
+    if task == "embed":
+        try:
+            return without_head(module, name)
+        except ValueError as exc:
+            raise ModelLoadError(str(exc)) from None
+    return module
 
 
 # -- torchvision models -------------------------------------------------------------------
@@ -160,14 +200,24 @@ def classification_models() -> list[str]:
     return names
 
 
+def torchvision_models() -> list[str]:
+    """torchvision's classification, detection and segmentation architectures."""
+    import torchvision.models as models
+
+    found: list[str] = models.list_models(module=models)
+    found += models.list_models(module=models.detection)
+    found += models.list_models(module=models.segmentation)
+    return found
+
+
 def _load_torchvision(
     name: str, weights: str, labels: tuple[str, ...] | None
 ) -> tuple[nn.Module, str, _Preset]:
-    known = classification_models()
+    known = torchvision_models()
     if name not in known:
         close = difflib.get_close_matches(name, known, n=3)
         hint = f"; did you mean {', '.join(close)}?" if close else ""
-        raise ModelLoadError(f"unknown torchvision classification model {name!r}{hint}")
+        raise ModelLoadError(f"unknown torchvision model {name!r}{hint}")
     from torchvision.models import get_model, get_model_weights
 
     enum = get_model_weights(name)
@@ -219,6 +269,9 @@ def _random(name: str, num_classes: int | None) -> nn.Module:
     from torchvision.models import get_model
 
     kwargs: dict[str, Any] = {} if num_classes is None else {"num_classes": num_classes}
+    if name not in classification_models():
+        # A detector's or segmenter's backbone would be downloaded pretrained by default.
+        kwargs["weights_backbone"] = None
     with torch.random.fork_rng(devices=[]):
         torch.manual_seed(0)
         module: nn.Module = get_model(name, weights=None, **kwargs)
@@ -382,28 +435,40 @@ def _labels(
 
 
 def _transform(
-    preset: TransformConfig, image_size: int | None, resize_size: int | None
+    preset: TransformConfig,
+    image_size: int | None,
+    resize_size: int | None,
+    *,
+    letterbox: bool = False,
 ) -> TransformConfig:
     crop = image_size or preset.crop_size
-    if resize_size is None:
+    if letterbox:
+        resize_size = crop  # the longer side is fitted to the square: no resize before
+    elif resize_size is None:
         # Keep the preset's resize/crop ratio (e.g. 232/224) when only the crop is changed.
         resize_size = round(crop * preset.resize_size / preset.crop_size)
     try:
-        return TransformConfig(crop, resize_size, preset.mean, preset.std, preset.interpolation)
+        return TransformConfig(crop, resize_size, preset.mean, preset.std, preset.interpolation,
+                               letterbox=letterbox)  # fmt: skip
     except ValueError as exc:
         raise ModelLoadError(str(exc)) from exc
 
 
-def _count_outputs(module: nn.Module, crop_size: int, name: str) -> int:
-    probe = torch.zeros(1, 3, crop_size, crop_size)
+def _count_outputs(module: nn.Module, crop_size: int, name: str, task: str) -> int:
+    """The model's classes (or an encoder's dimensions) from a probe batch, checked against
+    what its task must return."""
+    probe = torch.zeros(2, 3, crop_size, crop_size)
     try:
         with torch.inference_mode():
             output = module(probe)
+    except OutputMismatchError as exc:  # an adapter read the model's output
+        raise ModelLoadError(str(mismatch(task, name, exc))) from None
     except Exception as exc:
         raise ModelLoadError(f"{name} fails on a {crop_size}x{crop_size} input: {exc}") from exc
-    if not isinstance(output, torch.Tensor) or output.ndim != 2 or output.shape[0] != 1:
-        raise ModelLoadError(f"{name} must return logits of shape [batch, classes]")
-    return int(output.shape[1])
+    try:
+        return output_size(task, output, name)
+    except OutputMismatchError as exc:
+        raise ModelLoadError(str(exc)) from None
 
 
 def loaded_digest(loaded: LoadedModel) -> str:

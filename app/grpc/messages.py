@@ -15,7 +15,7 @@ from typing import Any
 
 import numpy as np
 
-from app.protocol.model_io import RequestedOutput, one_input, requested_output
+from app.protocol.model_io import RequestedOutput, one_input, requested_outputs
 from app.protocol.tensors import (
     MAX_DIMENSIONS,
     NUMERIC,
@@ -32,7 +32,7 @@ _CONTENTS = {"BYTES": ("bytes_contents", 8), "UINT8": ("uint_contents", 4),
 
 
 def read_request(
-    request: Any, max_images: int, max_bytes: int, classes: int
+    request: Any, max_images: int, max_bytes: int, classes: int, task: str = "classify"
 ) -> tuple[Inputs, list[RequestedOutput]]:
     """The request's one input and the outputs it asks for (``MalformedTensorError`` and
     friends when it does not fit). Its raw contents are released from the message."""
@@ -57,7 +57,7 @@ def read_request(
     # above hold what they need).
     request.ClearField("raw_input_contents")
     del raw
-    return one_input(tensors), _outputs(request, classes)
+    return one_input(tensors), _outputs(request, classes, task)
 
 
 def _from_contents(tensor: Any, shape: tuple[int, ...], count: int) -> Tensor:
@@ -141,12 +141,7 @@ def parameter(parameters: Any, name: str) -> Any:
     return _parameter(parameters[name]) if name in parameters else None
 
 
-def _outputs(request: Any, classes: int) -> list[RequestedOutput]:
-    if not request.outputs:
-        return [RequestedOutput(None)]
-    return [
-        RequestedOutput(requested_output(output.name, parameter(output.parameters,
-                                                                "classification") or None,
-                                         classes))
-        for output in request.outputs
-    ]  # fmt: skip
+def _outputs(request: Any, classes: int, task: str) -> list[RequestedOutput]:
+    asked = [(output.name, parameter(output.parameters, "classification") or None, True)
+             for output in request.outputs]  # fmt: skip
+    return requested_outputs(task, asked, classes)

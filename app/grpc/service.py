@@ -26,15 +26,14 @@ from app.grpc.messages import parameter, read_request
 from app.grpc.receiving import ReceiveSlots, Slot
 from app.protocol.model_io import (
     EXTENSIONS,
-    OUTPUT,
-    classification,
-    dense,
+    detection_parameter,
     metadata,
+    render,
     schedule_parameter,
     top_k_for,
     wants_dense,
 )
-from app.protocol.tensors import MalformedTensorError, bytes_binary
+from app.protocol.tensors import MalformedTensorError, raw_values
 from app.requestid import HEADER, current_request_id, request_id_from
 from app.serving.inference import InferenceRequest, ModelFacts, Parsed, Reserve
 from app.serving.repository import refuse_without_control
@@ -120,12 +119,16 @@ class InferenceService(service_pb2_grpc.GRPCInferenceServiceServicer):  # type: 
         try:
             message = await _only_message(requests)
             timeout, priority = _schedule(message, context)
+            min_score = detection_parameter("min_score", parameter(message.parameters, "min_score"))
+            max_detections = detection_parameter(
+                "max_detections", parameter(message.parameters, "max_detections"))  # fmt: skip
             request_id, model = message.id, message.model_name
 
             def parse(received: Any, facts: ModelFacts) -> Parsed:
                 inputs, outputs = read_request(received, facts.max_images, facts.max_bytes,
-                                               facts.classes)  # fmt: skip
+                                               facts.classes, facts.task)  # fmt: skip
                 return Parsed(inputs, top_k=top_k_for(outputs), dense=wants_dense(outputs),
+                              min_score=min_score, max_detections=max_detections,
                               detail=outputs)  # fmt: skip
 
             def named(name: str) -> None:
@@ -144,18 +147,11 @@ class InferenceService(service_pb2_grpc.GRPCInferenceServiceServicer):  # type: 
         response = service_pb2.ModelInferResponse(
             model_name=answer.model, model_version=answer.version, id=request_id
         )
-        predictions, classes = answer.predictions, answer.classes
-        rows = len(predictions)
         for output in answer.detail:
-            entry = response.outputs.add(name=OUTPUT)
-            if output.classification is None:
-                values = dense(predictions, classes)
-                entry.datatype, entry.shape[:] = "FP32", [rows, classes]
-                response.raw_output_contents.append(values.astype("<f4").tobytes())
-            else:
-                labels = classification(predictions, output.classification)
-                entry.datatype, entry.shape[:] = "BYTES", [rows, output.classification]
-                response.raw_output_contents.append(bytes_binary([x.encode() for x in labels]))
+            tensor = render(output, answer.predictions, answer.classes, answer.task)
+            entry = response.outputs.add(name=tensor.name, datatype=tensor.datatype)
+            entry.shape[:] = tensor.shape
+            response.raw_output_contents.append(raw_values(tensor))
         answer.observe_stage("serialize", time.perf_counter() - started)
         return response
 

@@ -57,7 +57,9 @@ class ModelInfo(BaseModel):
     backend: dict[str, Any]
     check: dict[str, Any] | None
     cpu: dict[str, Any]
+    task: str
     input_shape: list[int]
+    letterbox: bool
     resize_size: int
     num_classes: int
     mean: list[float]

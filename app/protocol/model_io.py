@@ -1,10 +1,20 @@
 """What a model takes and gives in the Open Inference Protocol, whatever the transport.
 
 A request carries exactly one input, ``image`` (BYTES ``[N]``: encoded images), ``pixels``
-(UINT8 ``[N, H, W, 3]``) or ``tensor`` (FP32 ``[N, 3, crop, crop]``, normalised), and asks for
-``probabilities``: FP32 ``[N, classes]``, or with the classification extension
-(``classification: k``) BYTES ``[N, k]`` of ``"score:index:label"``, best first. REST and gRPC
-both read and write through here, so that they answer alike.
+(UINT8 ``[N, H, W, 3]``) or ``tensor`` (FP32 ``[N, 3, size, size]``, normalised, and for a
+detector or segmenter already letterboxed), and asks for its model's outputs (all of them
+when it names none):
+
+- a classifier: ``probabilities``, FP32 ``[N, classes]``, or with the classification extension
+  (``classification: k``) BYTES ``[N, k]`` of ``"score:index:label"``, best first;
+- a detector: ``boxes`` FP32 ``[N, K, 4]`` (x1, y1, x2, y2 in each image's pixels), ``scores``
+  FP32 ``[N, K]``, ``labels`` INT64 ``[N, K]`` and ``num_detections`` INT32 ``[N]``, padded to
+  the largest K of the request with zeros (the convention of TensorRT's NMS plugins);
+- a segmenter: ``mask``, UINT8 (INT32 past 256 classes) ``[N, H, W]`` of class indices, when
+  every image of the request has the same size;
+- an encoder: ``embedding``, FP32 ``[N, D]``.
+
+REST and gRPC both read and write through here, so that they answer alike.
 """
 
 from __future__ import annotations
@@ -14,8 +24,8 @@ from typing import Any
 
 import numpy as np
 
-from app.errors import InvalidParameterError
-from app.protocol.tensors import MalformedTensorError, Tensor
+from app.errors import BadRequestError, InvalidParameterError
+from app.protocol.tensors import MalformedTensorError, OutputTensor, Tensor
 from app.serving.inference import Inputs, ModelDescription, Prediction
 
 OUTPUT = "probabilities"
@@ -25,17 +35,28 @@ PLATFORMS = {"torch": "pytorch_libtorch", "onnxruntime": "onnxruntime_onnx",
              "openvino": "openvino"}  # fmt: skip
 
 
+# Each task's outputs, in the order they are answered when a request names none.
+TASK_OUTPUTS = {
+    "classify": (OUTPUT,),
+    "detect": ("boxes", "scores", "labels", "num_detections"),
+    "segment": ("mask",),
+    "embed": ("embedding",),
+}
+
+
 @dataclass(frozen=True)
 class RequestedOutput:
-    """``probabilities``, dense (``classification`` None) or its top ``classification``."""
+    """One output asked for; a classifier's ``probabilities`` dense (``classification``
+    None) or its top ``classification``."""
 
     classification: int | None
     binary: bool = True
+    name: str = OUTPUT
 
 
 def metadata(model: ModelDescription) -> dict[str, Any]:
     """Name, versions, platform, inputs and outputs of a model (its datatypes and shapes, -1
-    for the batch)."""
+    for the batch and for what varies)."""
     crop = model.crop_size
     return {
         "name": model.name,
@@ -46,8 +67,24 @@ def metadata(model: ModelDescription) -> dict[str, Any]:
             {"name": "pixels", "datatype": "UINT8", "shape": [-1, -1, -1, 3]},
             {"name": "tensor", "datatype": "FP32", "shape": [-1, 3, crop, crop]},
         ],
-        "outputs": [{"name": OUTPUT, "datatype": "FP32", "shape": [-1, model.classes]}],
+        "outputs": _described_outputs(model),
     }
+
+
+def _described_outputs(model: ModelDescription) -> list[dict[str, Any]]:
+    if model.task == "detect":
+        return [
+            {"name": "boxes", "datatype": "FP32", "shape": [-1, -1, 4]},
+            {"name": "scores", "datatype": "FP32", "shape": [-1, -1]},
+            {"name": "labels", "datatype": "INT64", "shape": [-1, -1]},
+            {"name": "num_detections", "datatype": "INT32", "shape": [-1]},
+        ]
+    if model.task == "segment":
+        datatype = "UINT8" if model.classes <= 256 else "INT32"
+        return [{"name": "mask", "datatype": datatype, "shape": [-1, -1, -1]}]
+    if model.task == "embed":
+        return [{"name": "embedding", "datatype": "FP32", "shape": [-1, model.dimensions]}]
+    return [{"name": OUTPUT, "datatype": "FP32", "shape": [-1, model.classes]}]
 
 
 def one_input(tensors: list[Tensor]) -> Inputs:
@@ -71,16 +108,46 @@ def one_input(tensors: list[Tensor]) -> Inputs:
     )
 
 
-def requested_output(name: str, classification: Any, classes: int) -> int | None:
+def requested_outputs(
+    task: str, asked: list[tuple[str, Any, bool]], classes: int, binary: bool = True
+) -> list[RequestedOutput]:
+    """The outputs a request asks for, each ``(name, classification, binary)``, checked
+    against its model's task; every output of the task when it asks for none."""
+    if not asked:
+        return [RequestedOutput(None, binary, name) for name in TASK_OUTPUTS[task]]
+    return [
+        RequestedOutput(requested_output(name, classification, classes, task), each, name)
+        for name, classification, each in asked
+    ]
+
+
+def requested_output(
+    name: str, classification: Any, classes: int, task: str = "classify"
+) -> int | None:
     """Check one requested output; its classification count (None: dense probabilities)."""
-    if name != OUTPUT:
-        raise InvalidParameterError(f"unknown output {name!r}; the output is {OUTPUT!r}")
+    known = TASK_OUTPUTS[task]
+    if name not in known:
+        raise InvalidParameterError(f"unknown output {name!r}; the outputs are {', '.join(known)}")
     if classification is None:
         return None
+    if task != "classify":
+        raise InvalidParameterError("the classification extension is for classifiers only")
     if (not isinstance(classification, int) or isinstance(classification, bool)
             or not 1 <= classification <= classes):  # fmt: skip
         raise InvalidParameterError(f"classification must be an integer from 1 to {classes}")
     return classification
+
+
+def detection_parameter(name: str, value: Any) -> Any:
+    """``min_score`` (a number) or ``max_detections`` (an integer), or None when absent."""
+    if value is None:
+        return None
+    integer = name == "max_detections"
+    valid = isinstance(value, int) if integer else isinstance(value, int | float)
+    if not valid or isinstance(value, bool):
+        kind = "an integer" if integer else "a number"
+        raise InvalidParameterError(f"the {name} parameter must be {kind}")
+    return value
 
 
 def schedule_parameter(name: str, value: Any) -> int | None:
@@ -92,6 +159,47 @@ def schedule_parameter(name: str, value: Any) -> int | None:
     return value or None
 
 
+def render(
+    output: RequestedOutput, predictions: list[Prediction], classes: int, task: str
+) -> OutputTensor:
+    """One requested output of a request's predictions."""
+    rows = len(predictions)
+    name = output.name
+    if task == "detect":
+        return _detections(name, predictions)
+    if task == "segment":
+        masks = [prediction.mask for prediction in predictions]
+        if len({mask.shape for mask in masks if mask is not None}) != 1:
+            raise BadRequestError(
+                "the images of this request have different sizes, and a mask output is one "
+                "tensor: send one image per request"
+            )
+        stacked = np.stack([mask for mask in masks if mask is not None])
+        datatype = "UINT8" if stacked.dtype == np.uint8 else "INT32"
+        return OutputTensor(name, datatype, list(stacked.shape), stacked)
+    if task == "embed":
+        vectors = np.stack([p.embedding for p in predictions if p.embedding is not None])
+        return OutputTensor(name, "FP32", list(vectors.shape), vectors.astype(np.float32))
+    if output.classification is None:
+        return OutputTensor(name, "FP32", [rows, classes], dense(predictions, classes))
+    count = output.classification
+    return OutputTensor(name, "BYTES", [rows, count], classification(predictions, count))
+
+
+def _detections(name: str, predictions: list[Prediction]) -> OutputTensor:
+    found = [prediction.detected for prediction in predictions]
+    counts = np.array([len(each) if each is not None else 0 for each in found], dtype=np.int32)
+    if name == "num_detections":
+        return OutputTensor(name, "INT32", [len(found)], counts)
+    width = int(counts.max(initial=0))
+    shape = [len(found), width, 4] if name == "boxes" else [len(found), width]
+    values = np.zeros(shape, dtype=np.int64 if name == "labels" else np.float32)
+    for row, each in enumerate(found):
+        if each is not None and len(each):
+            values[row, : len(each)] = getattr(each, name)
+    return OutputTensor(name, "INT64" if name == "labels" else "FP32", shape, values)
+
+
 def top_k_for(outputs: list[RequestedOutput]) -> int:
     """How many classes the engine must rank for these outputs' classification."""
     return max((output.classification or 1) for output in outputs)
@@ -99,7 +207,7 @@ def top_k_for(outputs: list[RequestedOutput]) -> int:
 
 def wants_dense(outputs: list[RequestedOutput]) -> bool:
     """Whether an output asks for every class's probability."""
-    return any(output.classification is None for output in outputs)
+    return any(output.classification is None and output.name == OUTPUT for output in outputs)
 
 
 def dense(predictions: list[Prediction], classes: int) -> np.ndarray[Any, Any]:

@@ -252,19 +252,40 @@ def bytes_binary(items: list[bytes]) -> bytes:
     return b"".join(struct.pack("<I", len(item)) + item for item in items)
 
 
-def output_entry(
-    name: str, values: np.ndarray[Any, Any] | list[str], shape: list[int], binary: bool
-) -> tuple[dict[str, Any], bytes]:
-    """One ``$response_output`` (FP32 for an array, BYTES for strings), and its binary data
-    (empty when it travels as JSON ``data``)."""
-    datatype = "BYTES" if isinstance(values, list) else "FP32"
-    entry: dict[str, Any] = {"name": name, "datatype": datatype, "shape": shape}
+@dataclass(frozen=True)
+class OutputTensor:
+    """One output, ready for either transport: FP32, INT64, INT32 and UINT8 as arrays, BYTES
+    as strings."""
+
+    name: str
+    datatype: str
+    shape: list[int]
+    values: np.ndarray[Any, Any] | list[str]
+
+
+def output_entry(tensor: OutputTensor, binary: bool) -> tuple[dict[str, Any], bytes]:
+    """One ``$response_output``, and its binary data (empty when it travels as JSON
+    ``data``)."""
+    entry: dict[str, Any] = {"name": tensor.name, "datatype": tensor.datatype,
+                             "shape": tensor.shape}  # fmt: skip
+    values = tensor.values
     if not binary:
         entry["data"] = values if isinstance(values, list) else values.reshape(-1).tolist()
         return entry, b""
-    if isinstance(values, list):
-        raw = bytes_binary([value.encode() for value in values])
-    else:
-        raw = np.ascontiguousarray(values, dtype=NUMERIC["FP32"]).tobytes()
+    raw = raw_values(tensor)
     entry["parameters"] = {"binary_data_size": len(raw)}
     return entry, raw
+
+
+def raw_values(tensor: OutputTensor) -> bytes:
+    """An output's values as the binary extension and gRPC's ``raw_output_contents`` carry
+    them: little-endian, row-major; BYTES each with its 4-byte length first."""
+    if isinstance(tensor.values, list):
+        return bytes_binary([value.encode() for value in tensor.values])
+    return np.ascontiguousarray(tensor.values, dtype=OUTPUT_DTYPES[tensor.datatype]).tobytes()
+
+
+OUTPUT_DTYPES: dict[str, np.dtype[Any]] = {
+    "FP32": np.dtype("<f4"), "INT64": np.dtype("<i8"), "INT32": np.dtype("<i4"),
+    "UINT8": np.dtype("<u1"),
+}  # fmt: skip

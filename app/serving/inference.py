@@ -52,6 +52,7 @@ class ModelFacts:
     crop_size: int  # the side of its input tensor
     max_images: int  # MAX_IMAGES_PER_REQUEST
     max_bytes: int  # MAX_IMAGE_BYTES: what one request may carry
+    task: str = "classify"  # what it answers: classify, detect, segment, embed
 
 
 @dataclass(frozen=True)
@@ -63,6 +64,8 @@ class ModelDescription:
     backend: str  # what runs its forward pass
     classes: int
     crop_size: int
+    task: str = "classify"
+    dimensions: int = 0  # an encoder's
 
 
 @dataclass
@@ -76,6 +79,8 @@ class Parsed:
     dense: bool = False
     timeout_s: float | None = None
     priority: int | None = None
+    min_score: float | None = None  # a detector's (None: the model's MIN_SCORE)
+    max_detections: int | None = None  # None: the model's MAX_DETECTIONS
     detail: Any = None
 
 
@@ -107,6 +112,8 @@ class InferenceRequest:
     timeout_s: float | None = None
     priority: int | None = None
     top_k: int | None = None
+    min_score: float | None = None
+    max_detections: int | None = None
     cancelled: Callable[[], Awaitable[Any]] | None = None
     named: Callable[[str], None] | None = None
     arrived: float = field(default_factory=time.perf_counter)
@@ -125,6 +132,9 @@ class InferenceResponse:
     detail: Any
     timings: dict[str, float]
     observe_stage: Callable[[str, float], None]
+    task: str = "classify"
+    labels: Sequence[str] = ()  # the names of its classes, by index
+    normalized: bool = False  # an encoder's vectors are of unit length
 
     @property
     def batch_size(self) -> int:

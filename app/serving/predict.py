@@ -16,6 +16,7 @@ import contextlib
 import math
 import time
 from collections.abc import Awaitable, Callable, Sequence
+from dataclasses import dataclass
 from typing import Any, TypeVar
 
 import numpy as np
@@ -128,11 +129,13 @@ class Predictor:
             engine = admitted.engine
             settings = self.settings
             facts = ModelFacts(engine.num_classes, engine.transform.crop_size,
-                               settings.images_per_request, settings.max_image_bytes)  # fmt: skip
+                               settings.images_per_request, settings.max_image_bytes,
+                               engine.task)  # fmt: skip
             # What the transport says is checked before a byte of the body is read.
             level = self._priority_level(admitted, request.priority)
             if request.top_k is not None:
                 self._top_k(admitted, request.top_k)
+            _detection_limits(request.min_score, request.max_detections)
             body = await request.body.read(lambda total: self._reserve(admitted, total),
                                            settings.max_image_bytes)  # fmt: skip
             parsed: Parsed
@@ -149,14 +152,21 @@ class Predictor:
             deadline = self._deadline(admitted, timeout, request.arrived)
             top_k = self._top_k(admitted, parsed.top_k if parsed.top_k is not None
                                 else request.top_k)  # fmt: skip
+            config = version.config
+            ask = _Ask(
+                top_k, parsed.dense,
+                _first(parsed.min_score, request.min_score, config.min_score),
+                _first(parsed.max_detections, request.max_detections, config.max_detections),
+            )  # fmt: skip
+            _detection_limits(ask.min_score, ask.max_detections)
             images = await self._prepare(admitted, parsed.inputs, level)
-            detail, dense = parsed.detail, parsed.dense
+            detail = parsed.detail
             # From here on only the decoded images wait (the batcher counts them): the body's
             # parsed form (a JSON tensor is millions of Python numbers) goes now.
             del parsed
             submitted = time.perf_counter()
-            predictions = await self._predict(admitted, images, top_k, deadline, level,
-                                              request.cancelled, dense=dense)  # fmt: skip
+            predictions = await self._predict(admitted, images, ask, deadline, level,
+                                              request.cancelled)  # fmt: skip
         finally:
             admitted.close()
         first = predictions[0]
@@ -164,7 +174,8 @@ class Predictor:
                    "queue": max(0.0, first.started - submitted), **first.timings}  # fmt: skip
         return InferenceResponse(version.model, str(version.version), predictions,
                                  facts.classes, detail, timings,
-                                 version.metrics.observe_stage)  # fmt: skip
+                                 version.metrics.observe_stage, engine.task,
+                                 engine.labels, engine.embed_normalize)  # fmt: skip
 
     def describe(self, model: str, version: str | int | None = None) -> ModelDescription:
         """What a serving version of ``model`` takes and gives (``NotReadyError`` while it
@@ -176,7 +187,8 @@ class Predictor:
                                 headers={"Retry-After": "1"})  # fmt: skip
         versions = [str(number) for number in sorted(self.registry.models.get(model, {}))]
         return ModelDescription(model, versions, engine.backend.name, engine.num_classes,
-                                engine.transform.crop_size)  # fmt: skip
+                                engine.transform.crop_size, engine.task,
+                                engine.dimensions)  # fmt: skip
 
     def _admit(
         self,
@@ -245,6 +257,8 @@ class Predictor:
     def _top_k(self, admitted: Admitted, requested: int | None) -> int:
         """How many classes to return: ``requested`` (None: the model's ``TOP_K``), at most
         the model's classes."""
+        if admitted.engine.task != "classify":
+            return 1  # a detector's, segmenter's or encoder's answer has no top classes
         k = admitted.version.config.top_k if requested is None else requested
         classes = admitted.engine.num_classes
         if not 1 <= k <= classes:
@@ -310,18 +324,16 @@ class Predictor:
         self,
         admitted: Admitted,
         images: Sequence[PreparedImage],
-        top_k: int,
+        ask: _Ask,
         deadline: float,
         level: int,
         cancelled: Callable[[], Awaitable[Any]] | None = None,
-        *,
-        dense: bool = False,
     ) -> list[Prediction]:
         """Each image as its own batcher item (they may share batches with other clients'
         items); the results in order, or the first error, or ``Cancelled`` when what
         ``cancelled()`` returns completes first (the caller went away). The other items are
-        withdrawn as soon as one fails or the caller goes away. Each prediction ranks
-        ``top_k`` classes, and with ``dense`` carries every class's probability too."""
+        withdrawn as soon as one fails or the caller goes away. Each is asked what ``ask``
+        asks (its classes, its detections' bounds)."""
         batcher = admitted.batcher
         # The ticket hands its bytes to the batcher in one step (nothing is awaited in
         # between), so that admission never sees them counted twice or not at all.
@@ -330,8 +342,10 @@ class Predictor:
         try:
             for image in images:
                 cost = held_bytes(image)
-                futures.append(batcher.enqueue(ImageRequest(image, top_k, dense), deadline,
-                                               cost=cost, priority=level))  # fmt: skip
+                item = ImageRequest(image, ask.top_k, ask.dense, ask.min_score,
+                                    ask.max_detections)  # fmt: skip
+                futures.append(batcher.enqueue(item, deadline, cost=cost,
+                                               priority=level))  # fmt: skip
             return await _gather_or_cancel(futures, cancelled)
         finally:
             for future in futures:
@@ -364,6 +378,29 @@ async def _or_cancel(
     with contextlib.suppress(asyncio.CancelledError):
         await future
     raise Cancelled
+
+
+@dataclass(frozen=True, slots=True)
+class _Ask:
+    """What every image of a request asks of the model."""
+
+    top_k: int
+    dense: bool
+    min_score: float
+    max_detections: int
+
+
+def _first(*values: Any) -> Any:
+    """The first of ``values`` that is given."""
+    return next(value for value in values if value is not None)
+
+
+def _detection_limits(min_score: float | None, max_detections: int | None) -> None:
+    """A detector's bounds asked for, checked (None: not asked)."""
+    if min_score is not None and not 0 <= min_score <= 1:
+        raise InvalidParameterError("min_score must be between 0 and 1")
+    if max_detections is not None and max_detections < 1:
+        raise InvalidParameterError("max_detections must be at least 1")
 
 
 def _earlier(first: float | None, second: float | None) -> float | None:

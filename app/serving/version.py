@@ -112,7 +112,7 @@ class ModelVersion:
         self.metrics.serving(
             engine.device, engine.precision, engine.backend.name, engine.weights,
             lambda: self.batcher.queue_depth if self.batcher else 0,
-            lambda: self.batcher.inflight_batches if self.batcher else 0,
+            lambda: self.batcher.inflight_batches if self.batcher else 0, engine.task,
         )  # fmt: skip
         self.state, self.reason = VersionState.READY, ""
         self.metrics.ready(True)

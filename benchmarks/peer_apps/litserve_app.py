@@ -1,5 +1,6 @@
 """LitServe with dynamic batching, as its documentation shows (``LitAPI`` with
-``max_batch_size`` and ``batch_timeout``; the image arrives as multipart field ``file``).
+``max_batch_size`` and ``batch_timeout``; the image arrives as multipart field ``file``), for
+a classifier, a detector or a segmenter (``tasks``).
 
 Run in the LitServe environment: ``python -m benchmarks.peer_apps.litserve_app``.
 """
@@ -12,24 +13,26 @@ import litserve as ls
 import torch
 from fastapi import Request
 
-from benchmarks.peer_apps import classifier
+from benchmarks.peer_apps import classifier, tasks
 
 
-class ImageClassifier(ls.LitAPI):  # type: ignore[misc]
+class VisionAPI(ls.LitAPI):  # type: ignore[misc]
     def setup(self, device: str) -> None:
-        self.model = classifier.build().to(device)
+        self.model = tasks.build().to(device)
         self.device = device
 
-    def decode_request(self, request: Request) -> torch.Tensor:
+    def decode_request(self, request: Request) -> tuple[torch.Tensor, tuple[int, int]]:
         # LitServe hands over the parsed form for a multipart request.
         form: Any = request
-        return classifier.to_tensor(form["file"].file.read())
+        return tasks.decode(form["file"].file.read())
 
-    def batch(self, inputs: list[torch.Tensor]) -> torch.Tensor:
-        return torch.stack(inputs)
+    def batch(
+        self, inputs: list[tuple[torch.Tensor, tuple[int, int]]]
+    ) -> list[tuple[torch.Tensor, tuple[int, int]]]:
+        return inputs  # images of different sizes: each task's model takes them as a list
 
-    def predict(self, batch: torch.Tensor) -> list[dict[str, Any]]:
-        return classifier.classify(self.model, batch.to(self.device))
+    def predict(self, batch: list[tuple[torch.Tensor, tuple[int, int]]]) -> list[dict[str, Any]]:
+        return tasks.predict(self.model, batch, self.device)
 
     def unbatch(self, output: list[dict[str, Any]]) -> list[dict[str, Any]]:
         return output
@@ -39,7 +42,7 @@ class ImageClassifier(ls.LitAPI):  # type: ignore[misc]
 
 
 if __name__ == "__main__":
-    api = ImageClassifier(
+    api = VisionAPI(
         max_batch_size=classifier.MAX_BATCH_SIZE, batch_timeout=classifier.BATCH_TIMEOUT_S
     )
     server = ls.LitServer(api, accelerator="cpu", workers_per_device=1)

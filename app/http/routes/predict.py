@@ -7,13 +7,14 @@ import time
 from collections.abc import Callable, Coroutine
 from typing import Annotated, Any
 
-import orjson
 from fastapi import APIRouter, Query, Request
 from fastapi.routing import APIRoute
 from starlette.datastructures import QueryParams
 from starlette.responses import Response
 
 from app.errors import InvalidParameterError
+from app.http import answers
+from app.http.answers import wants_png
 from app.http.auth import require_api_key
 from app.http.body import declared_length, read_image
 from app.http.calls import disconnected, guarded, mark_model
@@ -41,7 +42,21 @@ async def handle(request: Request, path_params: dict[str, str] | None = None) ->
     await require_api_key(request)  # before any parameter is looked at
     query = request.query_params
     top_k, version = _at_least_one(query, "top_k"), _at_least_one(query, "version")
-    return await predict(request, top_k, query.get("model"), version)
+    limits = _score(query), _at_least_one(query, "max_detections")
+    return await predict(request, top_k, query.get("model"), version, *limits)
+
+
+def _score(query: QueryParams) -> float | None:
+    raw = query.get("min_score")
+    if raw is None:
+        return None
+    try:
+        value = float(raw)
+    except ValueError:
+        value = math.nan
+    if not 0 <= value <= 1:
+        raise InvalidParameterError("min_score must be a number between 0 and 1")
+    return value
 
 
 def _at_least_one(query: QueryParams, name: str) -> int | None:
@@ -105,13 +120,23 @@ async def predict(
     version: Annotated[
         int | None, Query(ge=1, description="its version (default: the highest serving)")
     ] = None,
+    min_score: Annotated[
+        float | None, Query(ge=0, le=1, description="a detector's lowest score answered")
+    ] = None,
+    max_detections: Annotated[
+        int | None, Query(ge=1, description="the most boxes a detector answers")
+    ] = None,
 ) -> Response:
     """Send the image as the raw body (``Content-Type: image/*``) or as multipart field ``file``.
 
+    The answer follows the model's task: its top classes, its boxes (in the image's pixels),
+    its mask (``Accept: image/png``: the mask as a PNG of class indices) or its embedding.
     ``X-Request-Timeout-Ms`` sets this request's deadline (default: the model's);
     ``X-Priority`` its priority (1 first, up to ``PRIORITY_LEVELS``; 0: the default).
     """
-    return await guarded(request, lambda server: _predict(server, request, top_k, model, version))
+    return await guarded(request, lambda server: _predict(
+        server, request, top_k, model, version, min_score, max_detections
+    ))  # fmt: skip
 
 
 async def _predict(
@@ -120,20 +145,27 @@ async def _predict(
     top_k: int | None,
     model: str | None,
     version: int | None,
+    min_score: float | None = None,
+    max_detections: int | None = None,
 ) -> Response:
     predictor = server.require_ready()
     answer = await predictor.infer(InferenceRequest(
         model=model, version=version, body=ImageBody(request), parse=one_image,
         parse_off_loop=False, declared_bytes=declared_length(request),
         timeout_s=_timeout(request), priority=_priority(request), top_k=top_k,
+        min_score=min_score, max_detections=max_detections,
         cancelled=lambda: disconnected(request.receive),
         named=lambda name: mark_model(request.scope, name),
         arrived=request_start_of(request.scope),
     ))  # fmt: skip
     finished = time.perf_counter()
     (prediction,) = answer.predictions
-    body = orjson.dumps({"model": answer.model, "version": answer.version,
-                         "predictions": prediction.classes})  # fmt: skip
+    png = wants_png(request.headers.get("accept"))
+    if answer.task == "segment":  # a PNG to encode: in a thread, not on the event loop
+        content, media_type = await predictor.parsing.run(0, answers.body, answer,
+                                                          prediction, png)  # fmt: skip
+    else:
+        content, media_type = answers.body(answer, prediction, png)
     serialized = time.perf_counter()
     answer.observe_stage("serialize", serialized - finished)
     timing = {**answer.timings, "serialize": serialized - finished,
@@ -145,7 +177,7 @@ async def _predict(
         "X-Batch-Size": str(prediction.batch_size),
     }
     mark_outcome(request.scope, "ok")
-    return Response(body, media_type="application/json", headers=headers)
+    return Response(content, media_type=media_type, headers=headers)
 
 
 def one_image(data: Buffer, facts: ModelFacts) -> Parsed:

@@ -32,13 +32,12 @@ from app.http.responses import json_response
 from app.http.state import ServerState, server_state
 from app.protocol.model_io import (
     EXTENSIONS,
-    OUTPUT,
     RequestedOutput,
-    classification,
-    dense,
+    detection_parameter,
     metadata,
     one_input,
-    requested_output,
+    render,
+    requested_outputs,
     schedule_parameter,
     top_k_for,
     wants_dense,
@@ -138,13 +137,16 @@ async def _infer(server: ServerState, request: Request, name: str, version: str 
         # long enough to stall every other request and the probes: in the parse threads.
         document, binary = parse_request(bytes(raw), header_length)
         tensors = read_inputs(document, binary, facts.max_images, facts.max_bytes)
-        outputs = _requested_outputs(document, facts.classes)
+        outputs = _requested_outputs(document, facts.classes, facts.task)
         parameters = document.parameters
         timeout = schedule_parameter("timeout", parameters.get("timeout"))
         return Parsed(
             one_input(tensors), top_k=top_k_for(outputs), dense=wants_dense(outputs),
             timeout_s=None if timeout is None else timeout / 1e6,
             priority=schedule_parameter("priority", parameters.get("priority")),
+            min_score=detection_parameter("min_score", parameters.get("min_score")),
+            max_detections=detection_parameter("max_detections",
+                                               parameters.get("max_detections")),
             detail=(document.id, outputs),
         )  # fmt: skip
 
@@ -173,18 +175,16 @@ class RawBody:
         return await read_raw(self._request, limit, reserve)
 
 
-def _requested_outputs(document: InferenceRequestBody, classes: int) -> list[RequestedOutput]:
+def _requested_outputs(
+    document: InferenceRequestBody, classes: int, task: str
+) -> list[RequestedOutput]:
     binary_all = bool(document.parameters.get("binary_data_output", False))
-    requested = document.outputs or []
-    if not requested:
-        return [RequestedOutput(None, binary_all)]
-    return [
-        RequestedOutput(
-            requested_output(output.name, output.parameters.get("classification"), classes),
-            bool(output.parameters.get("binary_data", binary_all)),
-        )
-        for output in requested
-    ]
+    asked = [
+        (output.name, output.parameters.get("classification"),
+         bool(output.parameters.get("binary_data", binary_all)))
+        for output in document.outputs or []
+    ]  # fmt: skip
+    return requested_outputs(task, asked, classes, binary_all)
 
 
 def _response(
@@ -193,16 +193,9 @@ def _response(
     entries: list[dict[str, Any]] = []
     chunks: list[bytes] = []
     predictions = answer.predictions
-    rows = len(predictions)
     for output in outputs:
-        if output.classification is None:
-            classes = answer.classes
-            item, raw = output_entry(OUTPUT, dense(predictions, classes), [rows, classes],
-                                     output.binary)  # fmt: skip
-        else:
-            count = output.classification
-            item, raw = output_entry(OUTPUT, classification(predictions, count), [rows, count],
-                                     output.binary)  # fmt: skip
+        tensor = render(output, predictions, answer.classes, answer.task)
+        item, raw = output_entry(tensor, output.binary)
         entries.append(item)
         chunks.append(raw)
     payload: dict[str, Any] = {

@@ -1,0 +1,115 @@
+"""What a task's model must return from its forward pass, read into batched tensors.
+
+- ``classify``: logits ``[N, classes]``;
+- ``embed``: features ``[N, D]`` (an encoder's, or a classifier's penultimate layer);
+- ``segment``: logits ``[N, C, H, W]``, or torchvision's ``{"out": logits, ...}``;
+- ``detect``: a tuple ``(boxes [N, K, 4], scores [N, K], labels [N, K])`` with boxes ``x1, y1,
+  x2, y2`` in the input's pixels and a score of 0 for padding, or torchvision's list of one
+  dict per image (``boxes``, ``scores``, ``labels``).
+
+A model whose outputs do not fit its task stops the start with one line saying what was
+expected.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+import torch
+
+Detections = tuple[torch.Tensor, torch.Tensor, torch.Tensor]
+
+EXPECTED = {
+    "classify": "logits of shape [batch, classes]",
+    "embed": "features of shape [batch, dimensions]",
+    "segment": "logits of shape [batch, classes, height, width] (or {'out': logits})",
+    "detect": "(boxes [batch, K, 4], scores [batch, K], labels [batch, K]) or a list of "
+    "{'boxes', 'scores', 'labels'} per image",
+}
+
+
+class OutputMismatchError(ValueError):
+    """The model's outputs do not fit its task."""
+
+
+def detections(output: Any) -> Detections:
+    """A detector's output as padded ``(boxes, scores, labels)``: ``[N, K, 4]``, ``[N, K]``,
+    ``[N, K]`` (K at least 1; a score of 0 pads)."""
+    if isinstance(output, Sequence) and output and all(isinstance(o, Mapping) for o in output):
+        return _padded(output)
+    if (isinstance(output, Sequence) and len(output) == 3
+            and all(isinstance(o, torch.Tensor) for o in output)):  # fmt: skip
+        boxes, scores, labels = output
+        n = boxes.shape[0] if boxes.ndim == 3 else -1
+        if (boxes.ndim == 3 and boxes.shape[-1] == 4 and scores.shape == boxes.shape[:2]
+                and labels.shape == boxes.shape[:2]):  # fmt: skip
+            return boxes, scores, labels
+        raise OutputMismatchError(
+            f"boxes {tuple(boxes.shape)}, scores {tuple(scores.shape)} and labels "
+            f"{tuple(labels.shape)} do not fit (boxes [N, K, 4] with N={n})"
+        )
+    raise OutputMismatchError(f"got {_described(output)}")
+
+
+def _padded(per_image: Sequence[Mapping[str, torch.Tensor]]) -> Detections:
+    count = max(1, *(len(each["scores"]) for each in per_image))
+    n = len(per_image)
+    device = per_image[0]["boxes"].device
+    boxes = torch.zeros((n, count, 4), dtype=torch.float32, device=device)
+    scores = torch.zeros((n, count), dtype=torch.float32, device=device)
+    labels = torch.zeros((n, count), dtype=torch.int64, device=device)
+    for row, each in enumerate(per_image):
+        found = len(each["scores"])
+        boxes[row, :found] = each["boxes"].float()
+        scores[row, :found] = each["scores"].float()
+        labels[row, :found] = each["labels"].to(torch.int64)
+    return boxes, scores, labels
+
+
+def segmentation(output: Any) -> torch.Tensor:
+    """A segmenter's logits ``[N, C, H, W]``."""
+    if isinstance(output, Mapping) and "out" in output:
+        output = output["out"]
+    if isinstance(output, torch.Tensor) and output.ndim == 4:
+        return output
+    raise OutputMismatchError(f"got {_described(output)}")
+
+
+def vectors(output: Any) -> torch.Tensor:
+    """Logits or features ``[N, D]``."""
+    if isinstance(output, torch.Tensor) and output.ndim == 2:
+        return output
+    raise OutputMismatchError(f"got {_described(output)}")
+
+
+def output_size(task: str, output: Any, name: str) -> int:
+    """What the probe's output says of the model: its classes (classify, segment), its
+    dimensions (embed), or 0 (detect: labels name the classes); ``OutputMismatchError`` with
+    what was expected when it does not fit the task."""
+    try:
+        if task == "detect":
+            detections(output)
+            return 0
+        if task == "segment":
+            return int(segmentation(output).shape[1])
+        return int(vectors(output).shape[1])
+    except OutputMismatchError as exc:
+        raise mismatch(task, name, exc) from None
+
+
+def mismatch(task: str, name: str, found: OutputMismatchError) -> OutputMismatchError:
+    """The one line that says what ``task`` expected of ``name`` and what it got."""
+    return OutputMismatchError(
+        f"{name} is served as TASK={task} and must return {EXPECTED[task]}: {found}"
+    )
+
+
+def _described(output: Any) -> str:
+    if isinstance(output, torch.Tensor):
+        return f"a tensor of shape {list(output.shape)}"
+    if isinstance(output, Mapping):
+        return f"a mapping of {sorted(map(str, output))}"
+    if isinstance(output, Sequence):
+        return f"a sequence of {len(output)}"
+    return type(output).__name__

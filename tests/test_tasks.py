@@ -1,0 +1,355 @@
+"""Detection, segmentation and embeddings through the real app, with models whose right
+answers are known from the pixels (``tests.models``): a white rectangle drawn on black is
+found where it was drawn, in the original image's pixels, whatever the image's size and
+aspect ratio and whichever images share its batch."""
+
+from __future__ import annotations
+
+import base64
+import io
+from pathlib import Path
+from typing import Any
+
+import httpx
+import numpy as np
+import orjson
+import pytest
+from PIL import Image, ImageDraw
+
+from app.engine import ModelLoadError, load_model
+from tests.checks import metric
+from tests.conftest import make_settings, serve
+
+DETECTOR = "tests.models:bright_box_detector"
+SIZE = 64  # the models' input side: small, so that letterboxing moves boxes a lot
+
+# (width, height) and the white rectangle (x1, y1, x2, y2: x2, y2 exclusive) of each picture:
+# landscape, portrait and square, none of them the input's size.
+SHAPES = [((200, 100), (50, 20, 150, 60)), ((64, 128), (10, 64, 30, 120)),
+          ((300, 300), (0, 150, 300, 300))]  # fmt: skip
+
+
+def picture(size: tuple[int, int], box: tuple[int, int, int, int] | None) -> bytes:
+    image = Image.new("RGB", size)
+    if box is not None:
+        ImageDraw.Draw(image).rectangle((box[0], box[1], box[2] - 1, box[3] - 1), fill="white")
+    buffer = io.BytesIO()
+    image.save(buffer, "PNG")
+    return buffer.getvalue()
+
+
+def tolerance(size: tuple[int, int]) -> float:
+    """One input pixel, in the image's pixels, and one more for the resize's blur."""
+    return 2 * max(size) / SIZE
+
+
+def v2_body(*pictures: bytes, **parameters: Any) -> bytes:
+    return orjson.dumps({
+        "inputs": [{"name": "image", "datatype": "BYTES", "shape": [len(pictures)],
+                    "data": [base64.b64encode(p).decode() for p in pictures]}],
+        **({"parameters": parameters} if parameters else {}),
+    })  # fmt: skip
+
+
+def outputs_of(response: httpx.Response) -> dict[str, dict[str, Any]]:
+    assert response.status_code == 200, response.text
+    return {each["name"]: each for each in response.json()["outputs"]}
+
+
+async def test_boxes_of_images_of_different_sizes_batched_together(tmp_path: Path) -> None:
+    labels = tmp_path / "labels.txt"
+    labels.write_text("background\nbox\nimage\n")
+    settings = make_settings(model=DETECTOR, task="detect", image_size=SIZE, labels=labels,
+                             dispatch_when_idle=False, max_queue_delay_ms=300)  # fmt: skip
+    async with serve(settings) as (_, client):
+        model = (await client.get("/v2/models/bright_box_detector")).json()
+        assert [(o["name"], o["datatype"]) for o in model["outputs"]] == [
+            ("boxes", "FP32"), ("scores", "FP32"), ("labels", "INT64"), ("num_detections", "INT32")
+        ]  # fmt: skip
+        before = metric((await client.get("/metrics")).text, "batchserve_batch_size_count")
+        pictures = [picture(size, box) for size, box in SHAPES] + [picture((90, 40), None)]
+        response = await client.post("/v2/models/bright_box_detector/infer",
+                                     content=v2_body(*pictures))  # fmt: skip
+        found = outputs_of(response)
+        after = metric((await client.get("/metrics")).text, "batchserve_batch_size_count")
+        assert after - before == 1  # the four images were one forward pass
+
+        # The duplicate one pixel off is suppressed; the whole image (0.4) stays above 0.3.
+        assert found["num_detections"]["data"] == [2, 2, 2, 0]
+        assert found["boxes"]["shape"] == [4, 2, 4]
+        assert found["labels"]["datatype"] == "INT64"
+        boxes = np.array(found["boxes"]["data"]).reshape(4, 2, 4)
+        scores = np.array(found["scores"]["data"]).reshape(4, 2)
+        labels_out = np.array(found["labels"]["data"]).reshape(4, 2)
+        for row, (size, box) in enumerate(SHAPES):
+            np.testing.assert_allclose(boxes[row, 0], box, atol=tolerance(size))
+            np.testing.assert_allclose(boxes[row, 1], [0, 0, *size], atol=tolerance(size))
+            assert scores[row].tolist() == pytest.approx([0.9, 0.4])
+            assert labels_out[row].tolist() == [1, 2]
+        assert scores[3].tolist() == [0, 0]  # padding, as num_detections says
+
+        answer = await client.post("/predict", content=pictures[0],
+                                   headers={"content-type": "image/png"})  # fmt: skip
+        assert answer.status_code == 200, answer.text
+        detections = answer.json()["detections"]
+        assert [(d["label"], d["index"]) for d in detections] == [("box", 1), ("image", 2)]
+        np.testing.assert_allclose(detections[0]["box"], SHAPES[0][1],
+                                   atol=tolerance(SHAPES[0][0]))  # fmt: skip
+        assert detections[0]["score"] == pytest.approx(0.9)
+
+        stricter = await client.post("/predict?min_score=0.5", content=pictures[0],
+                                     headers={"content-type": "image/png"})  # fmt: skip
+        assert [d["index"] for d in stricter.json()["detections"]] == [1]
+        fewer = await client.post("/predict?max_detections=1", content=pictures[1],
+                                  headers={"content-type": "image/png"})  # fmt: skip
+        assert [d["index"] for d in fewer.json()["detections"]] == [1]
+        none = await client.post("/predict", content=pictures[3],
+                                 headers={"content-type": "image/png"})  # fmt: skip
+        assert none.json()["detections"] == []
+
+        asked = await client.post("/v2/models/bright_box_detector/infer",
+                                  content=v2_body(pictures[0], min_score=0.5))  # fmt: skip
+        assert outputs_of(asked)["num_detections"]["data"] == [1]
+        bad = await client.post("/predict?min_score=2", content=pictures[0],
+                                headers={"content-type": "image/png"})  # fmt: skip
+        assert bad.status_code == 422
+        for output, error in (({"name": "probabilities"}, "the outputs are boxes"),
+                              ({"name": "boxes", "parameters": {"classification": 2}},
+                               "for classifiers only")):  # fmt: skip
+            refused = await client.post(
+                "/v2/models/bright_box_detector/infer",
+                content=(orjson.dumps({**orjson.loads(v2_body(pictures[0])), "outputs": [output]})),
+            )
+            assert refused.status_code == 422
+            assert error in refused.json()["error"]
+
+
+async def test_without_the_servers_suppression_every_box_is_answered() -> None:
+    settings = make_settings(model=DETECTOR, task="detect", image_size=SIZE, nms_iou=0)
+    async with serve(settings) as (_, client):
+        response = await client.post("/predict", content=picture(*SHAPES[0]),
+                                     headers={"content-type": "image/png"})  # fmt: skip
+        assert [d["score"] for d in response.json()["detections"]] == pytest.approx([0.9, 0.8, 0.4])
+
+
+async def test_a_detector_answering_torchvisions_list_of_dicts() -> None:
+    settings = make_settings(model="tests.models:bright_list_detector", task="detect",
+                             image_size=SIZE, dispatch_when_idle=False)  # fmt: skip
+    async with serve(settings) as (_, client):
+        pictures = [picture(*SHAPES[0]), picture((50, 50), None)]
+        found = outputs_of(await client.post("/v2/models/bright_list_detector/infer",
+                                             content=v2_body(*pictures)))  # fmt: skip
+        assert found["num_detections"]["data"] == [1, 0]
+        np.testing.assert_allclose(found["boxes"]["data"][:4], SHAPES[0][1],
+                                   atol=tolerance(SHAPES[0][0]))  # fmt: skip
+
+
+def mask_of(png: bytes) -> np.ndarray[Any, Any]:
+    return np.asarray(Image.open(io.BytesIO(png)))
+
+
+def expected_mask(size: tuple[int, int], box: tuple[int, int, int, int]) -> np.ndarray[Any, Any]:
+    mask = np.zeros((size[1], size[0]), dtype=np.uint8)
+    mask[box[1] : box[3], box[0] : box[2]] = 1
+    return mask
+
+
+async def test_masks_in_each_images_own_pixels() -> None:
+    settings = make_settings(model="tests.models:bright_segmenter", image_size=SIZE,
+                             task="segment")  # fmt: skip
+    async with serve(settings) as (_, client):
+        model = (await client.get("/v2/models/bright_segmenter")).json()
+        assert model["outputs"] == [{"name": "mask", "datatype": "UINT8", "shape": [-1, -1, -1]}]
+        for size, box in SHAPES:
+            data = picture(size, box)
+            answer = await client.post("/predict", content=data,
+                                       headers={"content-type": "image/png"})  # fmt: skip
+            assert answer.status_code == 200, answer.text
+            body = answer.json()
+            assert body["size"] == [size[1], size[0]]
+            mask = mask_of(base64.b64decode(body["mask"]))
+            assert mask.shape == (size[1], size[0])
+            wrong = np.count_nonzero(mask != expected_mask(size, box))
+            # Only the rectangle's edge can differ: one input pixel's width around it.
+            assert wrong <= 2 * (box[2] - box[0] + box[3] - box[1]) * tolerance(size)
+            counts = {each["index"]: each["pixels"] for each in body["classes"]}
+            assert counts[1] == np.count_nonzero(mask == 1)
+            png = await client.post("/predict", content=data, headers={
+                "content-type": "image/png", "accept": "image/png"})  # fmt: skip
+            assert png.headers["content-type"] == "image/png"
+            assert np.array_equal(mask_of(png.content), mask)
+
+        same = [picture(SHAPES[0][0], SHAPES[0][1]), picture(SHAPES[0][0], None)]
+        found = outputs_of(await client.post("/v2/models/bright_segmenter/infer",
+                                             content=v2_body(*same)))  # fmt: skip
+        assert found["mask"]["shape"] == [2, 100, 200]
+        masks = np.array(found["mask"]["data"]).reshape(2, 100, 200)
+        assert masks[1].max() == 0
+        assert masks[0].max() == 1
+        mixed = await client.post(
+            "/v2/models/bright_segmenter/infer",
+            content=v2_body(picture(*SHAPES[0]), picture(*SHAPES[1])),
+        )
+        assert mixed.status_code == 400
+        assert "send one image per request" in mixed.json()["error"]
+
+
+def solid(color: tuple[int, int, int], size: tuple[int, int]) -> bytes:
+    buffer = io.BytesIO()
+    Image.new("RGB", size, color).save(buffer, "PNG")
+    return buffer.getvalue()
+
+
+MEAN = np.array([0.485, 0.456, 0.406])
+STD = np.array([0.229, 0.224, 0.225])
+
+
+@pytest.mark.parametrize("normalize", [True, False])
+async def test_embeddings_are_the_features_the_pixels_give(normalize: bool) -> None:
+    settings = make_settings(model="tests.models:mean_color_encoder", task="embed",
+                             image_size=SIZE, embed_normalize=normalize)  # fmt: skip
+    colors = [(200, 30, 90), (10, 250, 120)]
+    expected = [np.tile((np.array(c) / 255 - MEAN) / STD, 4) for c in colors]
+    if normalize:
+        expected = [e / np.linalg.norm(e) for e in expected]
+    async with serve(settings) as (_, client):
+        for color, want in zip(colors, expected, strict=True):
+            answer = (await client.post("/predict", content=solid(color, (120, 80)),
+                                        headers={"content-type": "image/png"})).json()  # fmt: skip
+            assert answer["dim"] == 12
+            assert answer["normalized"] is normalize
+            np.testing.assert_allclose(answer["embedding"], want, atol=1e-4)
+        found = outputs_of(
+            await client.post(
+                "/v2/models/mean_color_encoder/infer",
+                content=v2_body(solid(colors[0], (30, 90)), solid(colors[1], (300, 40))),
+            )
+        )
+        assert found["embedding"]["shape"] == [2, 12]
+        np.testing.assert_allclose(np.array(found["embedding"]["data"]).reshape(2, 12),
+                                   np.stack(expected), atol=1e-4)  # fmt: skip
+        models = (await client.get("/v1/models")).json()["models"]
+        assert models[0]["task"] == "embed"
+        assert models[0]["letterbox"] is False
+        text = (await client.get("/metrics")).text
+        assert metric(text, 'batchserve_model_info{task="embed"}') == 1
+
+
+def test_a_torchvision_classifier_becomes_an_encoder_of_its_penultimate_features() -> None:
+    loaded = load_model("resnet18", "none", image_size=32, task="embed")
+    assert loaded.task == "embed"
+    assert loaded.dimensions == 512
+    assert loaded.labels == ()
+
+
+def test_a_model_whose_outputs_do_not_fit_its_task_stops_with_one_line() -> None:
+    with pytest.raises(ModelLoadError) as raised:
+        load_model("tests.models:color_classifier", "none", image_size=SIZE, task="detect")
+    message = str(raised.value)
+    assert "\n" not in message
+    assert "TASK=detect and must return (boxes [batch, K, 4]" in message
+    assert "a tensor of shape [2, 12]" in message
+    with pytest.raises(ModelLoadError, match=r"TASK=segment .*\[batch, classes, height"):
+        load_model("tests.models:color_classifier", "none", image_size=SIZE, task="segment")
+
+
+def test_torchvisions_architectures_name_their_task() -> None:
+    from app.engine.tasks import resolve_task
+
+    assert resolve_task("auto", "fasterrcnn_mobilenet_v3_large_320_fpn") == "detect"
+    assert resolve_task("auto", "ssdlite320_mobilenet_v3_large") == "detect"
+    assert resolve_task("auto", "deeplabv3_mobilenet_v3_large") == "segment"
+    assert resolve_task("auto", "lraspp_mobilenet_v3_large") == "segment"
+    assert resolve_task("auto", "resnet50") == "classify"
+    assert resolve_task("auto", "tests.models:bright_box_detector") == "classify"
+    assert resolve_task("embed", "resnet50") == "embed"
+
+
+@pytest.mark.parametrize("name", ["ssdlite320_mobilenet_v3_large",
+                                  "fasterrcnn_mobilenet_v3_large_320_fpn"])  # fmt: skip
+def test_a_torchvision_detector_sees_the_servers_batch_as_its_own_transform_would(
+    name: str,
+) -> None:
+    """Given the server's batch (320 px, normalised with the statistics the server chose),
+    the served detector's backbone sees what the same model's backbone sees when its own
+    transform normalises the same pixels (and nothing is resized), and both answer alike."""
+    import torch
+    from torchvision.models import get_model
+
+    from app.engine.tasks.adapters import TorchvisionDetector
+
+    loaded = load_model(name, "none", image_size=320)
+    served = loaded.module.eval()
+    assert isinstance(served, TorchvisionDetector)
+    inner: Any = served.model
+    reference: Any = get_model(name, weights=None, weights_backbone=None).eval()
+    reference.load_state_dict(inner.state_dict())
+    seen: list[torch.Tensor] = []
+    for each in (inner, reference):
+        each.backbone.register_forward_pre_hook(lambda _, args: seen.append(args[0].clone()))
+    pixels = torch.rand(2, 3, 320, 320, generator=torch.Generator().manual_seed(1))
+    mean = torch.tensor(loaded.transform.mean)[:, None, None]
+    std = torch.tensor(loaded.transform.std)[:, None, None]
+    with torch.inference_mode():
+        got = served((pixels - mean) / std)
+        want = reference(list(pixels))
+    assert seen[0].shape == (2, 3, 320, 320)
+    torch.testing.assert_close(seen[0], seen[1], atol=1e-5, rtol=1e-5)
+    for mine, theirs in zip(got, want, strict=True):
+        torch.testing.assert_close(mine["scores"], theirs["scores"])
+        torch.testing.assert_close(mine["boxes"], theirs["boxes"])
+
+
+@pytest.mark.e2e
+def test_every_task_over_grpc_from_one_repository(tmp_path: Path) -> None:
+    """A repository whose ``config.toml`` files name each task, in one real uvicorn process,
+    asked with Triton's own gRPC client: the same outputs as over REST."""
+    grpcclient = pytest.importorskip("tritonclient.grpc")
+    from harness.servers import UvicornProcess
+    from tests.repository import add_model
+
+    common: dict[str, Any] = {"image_size": SIZE, "compile": "none"}
+    add_model(tmp_path, "boxes", model=DETECTOR, task="detect", **common)
+    add_model(tmp_path, "masks", model="tests.models:bright_segmenter", task="segment", **common)
+    add_model(tmp_path, "vectors", model="tests.models:mean_color_encoder", task="embed",
+              **common)  # fmt: skip
+    env = {"BATCHSERVE_MODEL_REPOSITORY": str(tmp_path), "BATCHSERVE_LOG_LEVEL": "warning"}
+    pictures = [picture(*SHAPES[0]), picture(*SHAPES[1])]
+    with UvicornProcess(env) as server:
+        client = grpcclient.InferenceServerClient(server.grpc_target)
+        try:
+
+            def infer(model: str, batch: list[bytes]) -> Any:
+                tensor = grpcclient.InferInput("image", [len(batch)], "BYTES")
+                tensor.set_data_from_numpy(np.array(batch, dtype=np.object_))
+                return client.infer(model, [tensor])
+
+            def rest(model: str, batch: list[bytes]) -> dict[str, dict[str, Any]]:
+                return outputs_of(httpx.post(f"{server.url}/v2/models/{model}/infer",
+                                             content=v2_body(*batch)))  # fmt: skip
+
+            metadata = client.get_model_metadata("boxes", as_json=True)
+            assert [o["name"] for o in metadata["outputs"]] == [
+                "boxes", "scores", "labels", "num_detections"]  # fmt: skip
+            found = infer("boxes", pictures)
+            over_rest = rest("boxes", pictures)
+            assert found.as_numpy("num_detections").tolist() == [2, 2]
+            assert found.as_numpy("labels").dtype == np.int64
+            np.testing.assert_allclose(found.as_numpy("boxes").ravel(),
+                                       over_rest["boxes"]["data"], atol=1e-4)  # fmt: skip
+            for row, (size, box) in enumerate(SHAPES[:2]):
+                np.testing.assert_allclose(found.as_numpy("boxes")[row, 0], box,
+                                           atol=tolerance(size))  # fmt: skip
+
+            mask = infer("masks", pictures[:1]).as_numpy("mask")
+            assert mask.dtype == np.uint8
+            assert mask.shape == (1, 100, 200)
+            assert np.array_equal(mask.ravel(), rest("masks", pictures[:1])["mask"]["data"])
+
+            vectors = infer("vectors", pictures).as_numpy("embedding")
+            assert vectors.shape == (2, 12)
+            np.testing.assert_allclose(np.linalg.norm(vectors, axis=1), 1, atol=1e-5)
+            np.testing.assert_allclose(vectors.ravel(), rest("vectors", pictures)["embedding"][
+                "data"], atol=1e-5)  # fmt: skip
+        finally:
+            client.close()
