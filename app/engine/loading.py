@@ -155,7 +155,7 @@ def load_model(
         module, weights_used, preset = _load_torchvision(name, weights, wanted)
     size = image_size or default_size(served, name)
     if ":" not in name:
-        module = _adapted(module, served, size or preset.transform.crop_size, name)
+        module = _adapted(module, served, name)
     if served == "segment":
         module = SegmenterLogits(module)
     module.eval()
@@ -174,10 +174,10 @@ def load_model(
                        dimensions=outputs if served == "embed" else 0)  # fmt: skip
 
 
-def _adapted(module: nn.Module, task: str, size: int, name: str) -> nn.Module:
+def _adapted(module: nn.Module, task: str, name: str) -> nn.Module:
     """A torchvision model made to take the server's batch for its task."""
     if task == "detect":
-        return TorchvisionDetector(module, size)
+        return TorchvisionDetector(module)
     if task == "embed":
         try:
             return without_head(module, name)

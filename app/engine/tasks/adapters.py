@@ -3,13 +3,12 @@ take the server's batch: a normalised, letterboxed ``float[N, 3, S, S]``.
 
 A torchvision detector (Faster R-CNN, RetinaNet, FCOS, SSD, SSDlite, Mask R-CNN) brings its
 own input transform: it normalises each image with ImageNet's statistics and resizes it to
-its ``min_size`` (800 px for Faster R-CNN). Served here, its transform is set to the size the
-server already letterboxed to and to identity statistics (the server normalises with the
-model's own: ImageNet's, or SSDlite's 0.5 and 0.5), so that it neither resizes nor normalises
-again; its boxes come back in the input's
-pixels, which the server maps to the original image's. It runs its own non-maximum
-suppression. Its output (a list of dicts, with data-dependent sizes) cannot be traced or
-captured in a CUDA graph, so it runs eagerly.
+its ``min_size`` (800 px for Faster R-CNN), one image at a time. Served here, the server
+normalises with the model's own statistics (ImageNet's, or SSDlite's 0.5 and 0.5) and
+letterboxes to the served size, and the transform is replaced by ``ServedBatch``, which takes
+the batch as it is; its boxes come back in the input's pixels, which the server maps to the
+original image's. It runs its own non-maximum suppression. Its output (a list of dicts, with
+data-dependent sizes) cannot be traced or captured in a CUDA graph, so it runs eagerly.
 """
 
 from __future__ import annotations
@@ -18,6 +17,7 @@ from typing import Any
 
 import torch
 from torch import nn
+from torch.nn.functional import pad
 
 from app.engine.tasks.outputs import segmentation
 
@@ -25,23 +25,49 @@ from app.engine.tasks.outputs import segmentation
 class TorchvisionDetector(nn.Module):
     """A torchvision detector taking the server's ``[N, 3, size, size]`` batch."""
 
-    def __init__(self, model: nn.Module, size: int) -> None:
+    def __init__(self, model: nn.Module) -> None:
         super().__init__()
         transform: Any = model.transform  # GeneralizedRCNNTransform
         # The statistics it was trained with (ImageNet's, or SSDlite's 0.5 and 0.5): the
         # server normalises with them (``statistics``), so the model must not again.
         self.statistics = (tuple(transform.image_mean), tuple(transform.image_std))
-        transform.image_mean = [0.0, 0.0, 0.0]
-        transform.image_std = [1.0, 1.0, 1.0]
-        transform.min_size = (size,)
-        transform.max_size = size
-        if getattr(transform, "fixed_size", None) is not None:  # SSD, SSDlite
-            transform.fixed_size = (size, size)
+        model.transform = ServedBatch(transform)
         self.model = model
 
     def forward(self, batch: torch.Tensor) -> list[dict[str, torch.Tensor]]:
         detected: list[dict[str, torch.Tensor]] = self.model(list(batch))
         return detected
+
+
+class ServedBatch(nn.Module):
+    """In place of a detector's own transform: the images are the server's batch, already
+    letterboxed to one size and normalised, so they are stacked back (channels_last, the
+    layout the backbone's weights are in), padded to the multiple of ``size_divisible`` the
+    detector's feature pyramid needs, and neither normalised nor resized again (torchvision's
+    transform would interpolate each image, even to its own size). Boxes come back in the
+    input's pixels: its ``postprocess`` maps them from the padded batch to the input, the
+    identity here."""
+
+    def __init__(self, original: nn.Module) -> None:
+        super().__init__()
+        self.original = original
+        self.size_divisible = int(getattr(original, "size_divisible", 1))
+
+    def forward(self, images: list[torch.Tensor], targets: Any = None) -> tuple[Any, Any]:
+        # torchvision is imported only for a detector: a start from a kept artefact of a
+        # classifier never imports it.
+        from torchvision.models.detection.image_list import ImageList
+
+        batch = torch.stack(images)
+        height, width = batch.shape[-2:]
+        bottom, right = -height % self.size_divisible, -width % self.size_divisible
+        if bottom or right:
+            batch = pad(batch, (0, right, 0, bottom))
+        batch = batch.contiguous(memory_format=torch.channels_last)
+        return ImageList(batch, [(int(height), int(width))] * len(images)), targets
+
+    def postprocess(self, result: Any, image_shapes: Any, original_sizes: Any) -> Any:
+        return self.original.postprocess(result, image_shapes, original_sizes)  # type: ignore[operator]
 
 
 class SegmenterLogits(nn.Module):
