@@ -50,13 +50,18 @@ def _score(query: QueryParams) -> float | None:
     raw = query.get("min_score")
     if raw is None:
         return None
-    try:
-        value = float(raw)
-    except ValueError:
-        value = math.nan
+    value = _number(raw)
     if not 0 <= value <= 1:
         raise InvalidParameterError("min_score must be a number between 0 and 1")
     return value
+
+
+def _number(raw: str) -> float:
+    """``raw`` as a float; NaN (which every range check refuses) when it is not a number."""
+    try:
+        return float(raw)
+    except ValueError:
+        return math.nan
 
 
 def _at_least_one(query: QueryParams, name: str) -> int | None:
@@ -199,10 +204,7 @@ def _timeout(request: Request) -> float | None:
     raw = request.headers.get(TIMEOUT_HEADER)
     if raw is None:
         return None
-    try:
-        value = float(raw)
-    except ValueError:
-        value = math.nan
+    value = _number(raw)
     if not math.isfinite(value) or value <= 0:
         raise InvalidParameterError("X-Request-Timeout-Ms must be a positive number of ms")
     return value / 1000
