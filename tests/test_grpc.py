@@ -568,7 +568,9 @@ def test_large_messages_hold_no_more_than_the_limits_allow() -> None:
 @pytest.mark.slow
 def test_large_tensors_are_read_off_the_event_loop() -> None:
     """Typed ``contents`` and raw tensors of 7 million numbers each, eight calls at once, while
-    ``/healthz`` is asked every 50 ms: it answers within a third of its probe's timeout (3 s)."""
+    ``/healthz`` is asked every 50 ms: it answers within two thirds of its probe's timeout (3 s).
+    Parsing a message in C still holds the GIL for a moment on two busy cores; what this guards
+    is reading elements as Python numbers on the event loop, which held it for many seconds."""
     env = {**BASE_ENV, "BATCHSERVE_MAX_IMAGE_BYTES": str(64 * MiB),
            "BATCHSERVE_MAX_QUEUE_BYTES": str(512 * MiB)}  # fmt: skip
     rng = np.random.default_rng(0)
@@ -615,7 +617,7 @@ def test_large_tensors_are_read_off_the_event_loop() -> None:
             done.set()
             prober.join()
     assert codes == [grpc.StatusCode.OK] * 8
-    assert max(waits) < 1.0, f"/healthz waited {max(waits):.2f} s"
+    assert max(waits) < 2.0, f"/healthz waited {max(waits):.2f} s"
 
 
 def resident_mib(pid: int) -> float:
