@@ -16,11 +16,14 @@ $(STAMP): pyproject.toml
 
 install: $(STAMP)
 
-## Start the server on the default model (resnet50) at http://$(HOST):$(PORT)
+## Start the server at http://$(HOST):$(PORT): resnet50 pretrained, or offline the embedded EfficientNet-Lite0
 serve: $(STAMP)
-	@# A first try offline: random weights (said loudly) unless WEIGHTS is set in the environment or .env.
-	@if [ -z "$$BATCHSERVE_WEIGHTS" ] && ! grep -qs '^BATCHSERVE_WEIGHTS=' .env; then \
-		export BATCHSERVE_WEIGHTS=auto; fi; \
+	@# A first try with right answers: MODEL=auto unless MODEL or WEIGHTS is set in the
+	@# environment or .env; a MODEL set alone gets WEIGHTS=auto (random weights, said loudly,
+	@# when its pretrained ones cannot be had).
+	@set_in() { [ -n "$$(printenv BATCHSERVE_$$1)" ] || grep -qs "^BATCHSERVE_$$1=" .env; }; \
+	if ! set_in MODEL && ! set_in WEIGHTS; then export BATCHSERVE_MODEL=auto; \
+	elif ! set_in WEIGHTS; then export BATCHSERVE_WEIGHTS=auto; fi; \
 	exec $(BIN)/python -m uvicorn app.main:app --host $(HOST) --port $(PORT)
 
 ## One worker per device (or per share of the CPUs) on ports 8000, 8001, ... (gRPC 9000, 9001, ...) under supervisord

@@ -162,8 +162,9 @@ class Metrics:
         )
         self.model_info = Gauge(
             "batchserve_model_info",
-            'Each model version being served (always 1); weights is "random" when they are',
-            [*_VERSION, "device", "precision", "backend", "weights", "task"],
+            'Each model version being served (always 1); weights is "random" when they are; '
+            "choice says why MODEL=auto serves another model than resnet50 (empty: it does not)",
+            [*_VERSION, "device", "precision", "backend", "weights", "task", "choice"],
             registry=r,
         )
         self.ready = Gauge("batchserve_ready", "1 while /readyz answers 200", registry=r)
@@ -302,13 +303,14 @@ class VersionMetrics(BatchObserver, EngineObserver):
         queue_depth: Callable[[], float],
         inflight: Callable[[], float],
         task: str = "classify",
+        choice: str = "",
     ) -> None:
         """The version is loaded: what it runs on, and its gauges (read at scrape time)."""
         metrics, labels = self._metrics, self._labels
         self._device = str(device)
         self._busy = metrics.device_busy.labels(self._device, *labels)
         self._preprocess = metrics.device_preprocess.labels(self._device, *labels)
-        self._info = (*labels, self._device, precision, backend, weights, task)
+        self._info = (*labels, self._device, precision, backend, weights, task, choice)
         metrics.model_info.labels(*self._info).set(1)
         metrics.queue_depth.labels(*labels).set_function(queue_depth)
         metrics.inflight_batches.labels(*labels).set_function(inflight)

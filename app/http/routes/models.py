@@ -43,6 +43,7 @@ def _describe(server: ServerState, version: ModelVersion) -> dict[str, Any]:
         "version": str(version.version),
         "name": engine.name,
         "weights": engine.weights,
+        "choice": settings.choice,
         "device": str(engine.device),
         "precision": engine.precision,
         "state": server.lifecycle.phase.value if version.ready else version.state.value,
