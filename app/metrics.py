@@ -160,6 +160,12 @@ class Metrics:
             ["device", *_VERSION],
             registry=r,
         )
+        self.decode_fallbacks = Counter(
+            "batchserve_decode_fallbacks",
+            "Images decoded on the CPU because the device's JPEG decoder failed them",
+            _VERSION,
+            registry=r,
+        )
         self.model_info = Gauge(
             "batchserve_model_info",
             'Each model version being served (always 1); weights is "random" when they are; '
@@ -181,6 +187,8 @@ class Metrics:
             ["phase"],
             registry=r,
         )
+        self._gpu_memory: dict[str, Gauge] = {}
+        self._gpu_devices: set[str] = set()
         self._request_children: dict[tuple[str, str, str], Any] = {}
         self._duration_children: dict[tuple[str, str, str], Any] = {}
         self._versions: dict[tuple[str, str], VersionMetrics] = {}
@@ -221,16 +229,25 @@ class Metrics:
             child.set(1 if each is phase else 0)
 
     def track_cuda(self, device: torch.device) -> None:
-        """GPU memory from PyTorch's allocator; utilisation from NVML when it is installed."""
-        r = self.registry
-        Gauge(
-            "batchserve_gpu_memory_allocated_bytes", "Memory held by tensors", registry=r
-        ).set_function(lambda: torch.cuda.memory_allocated(device))
-        Gauge(
-            "batchserve_gpu_memory_reserved_bytes",
-            "Memory held by the caching allocator",
-            registry=r,
-        ).set_function(lambda: torch.cuda.memory_reserved(device))
+        """GPU memory from PyTorch's allocator and, when NVML is installed, utilisation: one
+        series per device, made the first time a model version is served on it."""
+        name = str(device)
+        if name in self._gpu_devices:
+            return
+        self._gpu_devices.add(name)
+        if not self._gpu_memory:
+            r = self.registry
+            self._gpu_memory = {
+                "allocated": Gauge("batchserve_gpu_memory_allocated_bytes",
+                                   "Memory held by tensors", ["device"], registry=r),
+                "reserved": Gauge("batchserve_gpu_memory_reserved_bytes",
+                                  "Memory held by the caching allocator", ["device"], registry=r),
+                "utilization": Gauge("batchserve_gpu_utilization_ratio",
+                                     "NVML: share of time a kernel ran", ["device"], registry=r),
+            }  # fmt: skip
+        gauges = self._gpu_memory
+        gauges["allocated"].labels(name).set_function(lambda: torch.cuda.memory_allocated(device))
+        gauges["reserved"].labels(name).set_function(lambda: torch.cuda.memory_reserved(device))
         try:
             import pynvml
 
@@ -238,9 +255,9 @@ class Metrics:
             handle = pynvml.nvmlDeviceGetHandleByIndex(device.index or 0)
         except Exception:  # no NVML (nvidia-ml-py not installed, or no driver access)
             return
-        Gauge(
-            "batchserve_gpu_utilization_ratio", "NVML: share of time a kernel ran", registry=r
-        ).set_function(lambda: pynvml.nvmlDeviceGetUtilizationRates(handle).gpu / 100)
+        gauges["utilization"].labels(name).set_function(
+            lambda: pynvml.nvmlDeviceGetUtilizationRates(handle).gpu / 100
+        )
 
     def requests_of(self, model: str) -> None:
         """Every route and outcome of ``model`` counted from zero (so that rates exist)."""
@@ -280,12 +297,13 @@ class VersionMetrics(BatchObserver, EngineObserver):
         self._families: list[Any] = [
             metrics.queue_depth, metrics.inflight_batches, metrics.batch_size,
             metrics.queue_wait, metrics.expired_in_flight, metrics.padding_rows,
-            metrics.model_ready,
+            metrics.decode_fallbacks, metrics.model_ready,
         ]  # fmt: skip
         self._batch_size = metrics.batch_size.labels(*labels)
         self._queue_wait = metrics.queue_wait.labels(*labels)
         self._expired = metrics.expired_in_flight.labels(*labels)
         self._padding = metrics.padding_rows.labels(*labels)
+        self._fallbacks = metrics.decode_fallbacks.labels(*labels)
         self._stages = {stage: metrics.stage.labels(stage, *labels) for stage in STAGES}
         self._batches = {result: metrics.batches.labels(result, *labels)
                          for result in ("ok", "error")}  # fmt: skip
@@ -312,6 +330,8 @@ class VersionMetrics(BatchObserver, EngineObserver):
         self._preprocess = metrics.device_preprocess.labels(self._device, *labels)
         self._info = (*labels, self._device, precision, backend, weights, task, choice)
         metrics.model_info.labels(*self._info).set(1)
+        if device.type == "cuda":
+            metrics.track_cuda(device)
         metrics.queue_depth.labels(*labels).set_function(queue_depth)
         metrics.inflight_batches.labels(*labels).set_function(inflight)
 
@@ -347,6 +367,9 @@ class VersionMetrics(BatchObserver, EngineObserver):
             self._preprocess.inc(report.preprocess_s)
         if report.padded_rows > report.rows:
             self._padding.inc(report.padded_rows - report.rows)
+
+    def on_decode_fallbacks(self, count: int) -> None:
+        self._fallbacks.inc(count)
 
     # -- BatchObserver -------------------------------------------------------------------
 

@@ -3,15 +3,23 @@
 In one run of a few minutes it:
 
 1. runs the ``@pytest.mark.cuda`` tests;
-2. compares nvjpeg decoding with CPU decoding (mean absolute pixel difference);
-3. compares fp16 (bf16 on a CPU) with fp32: top-1 agreement, largest probability difference;
+2. compares nvjpeg decoding with CPU decoding (mean absolute pixel difference), and times
+   nvjpeg's batched decode beside the CPU's (``DECODE_DEVICE=cpu``: decode, resize and crop in
+   the decode threads), saying which GPU kernels the decode launched (none, or next to none,
+   when the hardware JPEG decoder ran);
+3. compares fp16 (bf16 on a CPU) with fp32: top-1 agreement, largest probability difference,
+   on random weights (the numerics) and on EfficientNet-Lite0's ImageNet weights and real
+   photos (what a user's answers would lose);
 4. compares CUDA-graph replay with eager execution;
 5. checks the batch pipeline: readback buffers pinned and contiguous, batch N+1's forward
    pass queued before batch N's results are back, concurrent batches giving the answers of
    sequential ones, and what padding a batch of 17 to its bucket of 32 costs;
 6. measures offline throughput per batch size and precision (forward only, and the whole
    pipeline without HTTP): the ceiling;
-7. measures served throughput in-process through the real app (ASGI, 64 clients);
+7. measures served throughput over HTTP (a real uvicorn, ``benchmarks.loadgen`` in a process
+   of its own): 64 clients, then open-loop arrivals at 70% of that for a p99 that queueing
+   does not hide, and served / the offline pipelined limit in the same precision and
+   graph mode;
 8. profiles a few batches with ``torch.profiler`` and reports the GPU busy ratio;
 
 and writes everything to ``gpu_check.md`` and ``gpu_check.json`` under ``--out`` after every
@@ -26,10 +34,9 @@ precision and batch size, ``--smoke`` for a tiny CPU run)
 from __future__ import annotations
 
 import argparse
-import asyncio
-import contextlib
 import gzip
 import json
+import os
 import shutil
 import subprocess
 import sys
@@ -37,20 +44,16 @@ import tempfile
 import time
 import traceback
 from collections.abc import Callable
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
 
-import httpx
 import torch
-from asgi_lifespan import LifespanManager
 
 from app.engine import ImageRequest
-from app.main import create_app
-from app.settings import Settings
 from benchmarks import accuracy, offline
 from benchmarks.common import RESULTS, machine, machine_markdown, table
 from benchmarks.corpus import generate
-from benchmarks.loadgen import LoadSpec, run
 from benchmarks.profile import profile_batches
 from harness.pipeline_checks import (
     ReportLog,
@@ -58,7 +61,8 @@ from harness.pipeline_checks import (
     padding_cost,
     readback_overlap,
 )
-from preprocessing import decode_cpu, read_header
+from harness.servers import ROOT, UvicornProcess
+from preprocessing import ImageLimits, TransformConfig, decode_cpu, prepare, read_header
 from preprocessing.device import decode_jpegs
 
 SKIPPED = "skipped (no CUDA)"
@@ -84,11 +88,10 @@ def decode_agreement(images: list[bytes]) -> dict[str, Any]:
     gpu = torch.device("cuda")
     items = [(data, read_header(data)) for data in images]
     decoded = decode_jpegs(items, gpu)
-    differences, fallbacks = [], 0
-    for (data, header), result in zip(items, decoded, strict=True):
+    differences, fallbacks = [], decoded.fallbacks
+    for (data, header), result in zip(items, decoded.results, strict=True):
         if isinstance(result, BaseException):
             raise result
-        fallbacks += result.device.type == "cpu"
         reference = decode_cpu(data, header)
         differences.append(float((result.cpu().float() - reference.float()).abs().mean()))
     return {
@@ -97,6 +100,67 @@ def decode_agreement(images: list[bytes]) -> dict[str, Any]:
         "max_image_mean_abs_difference": max(differences),
         "cpu_fallbacks": fallbacks,
     }
+
+
+def timed_rate(work: Callable[[], int], seconds: float) -> float:
+    """Items per second of ``work`` (which returns how many it did) over about ``seconds``."""
+    work()  # once to warm up
+    done, started = 0, time.perf_counter()
+    while time.perf_counter() - started < seconds:
+        done += work()
+    return done / (time.perf_counter() - started)
+
+
+def decode_rates(images: list[bytes], batch: int, seconds: float) -> dict[str, Any]:
+    """nvjpeg's batched decode (and the fit to 224) against the CPU's decode threads."""
+    gpu, config = torch.device("cuda"), TransformConfig()
+    items = [(data, read_header(data)) for data in images[:batch]]
+
+    def on_gpu() -> int:
+        decoded = decode_jpegs(items, gpu)
+        torch.cuda.synchronize(gpu)
+        return len(decoded.results)
+
+    threads = os.cpu_count() or 1
+    limits = ImageLimits(resize_size=config.resize_size)
+    with ThreadPoolExecutor(threads) as pool:
+
+        def on_cpu() -> int:
+            return len(list(pool.map(lambda data: prepare(data, config, limits), images)))
+
+        cpu_rate = timed_rate(on_cpu, seconds)
+    with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CUDA]) as profile:
+        fallbacks = decode_jpegs(items, gpu).fallbacks
+        torch.cuda.synchronize(gpu)
+    kernels = sorted({event.name for event in profile.events()
+                      if event.device_type.name == "CUDA"})  # fmt: skip
+    return {
+        "batch": len(items),
+        "nvjpeg_images_per_s": timed_rate(on_gpu, seconds),
+        "cpu_decode_threads": threads,
+        "cpu_images_per_s": cpu_rate,
+        "cpu_fallbacks": fallbacks,
+        "decode_kernels": kernels[:20],
+        "kernel_count": len(kernels),
+    }
+
+
+def real_precision_agreement(low: str, batch: int) -> dict[str, Any]:
+    """fp16 against fp32 on EfficientNet-Lite0's ImageNet weights and twenty real photos."""
+    from tests.real_model import FACTORY, photos
+
+    samples = [accuracy.Sample(name, data) for name, data in photos().items()]
+    engines = [accuracy.engine_for(FACTORY, "pretrained", {"precision": precision,
+                                                            "compile": "none"}, batch)
+               for precision in ("fp32", low)]  # fmt: skip
+    report = accuracy.compare_on(
+        accuracy.predict_all(engines[0], samples, batch),
+        accuracy.predict_all(engines[1], samples, batch),
+        samples,
+        engines[0],
+    )
+    report["compared"] = f"{low} vs fp32, {FACTORY} with its ImageNet weights, real photos"
+    return report
 
 
 def precision_agreement(model: str, low: str, images: list[bytes], batch: int) -> dict[str, Any]:
@@ -172,26 +236,43 @@ def runtimes(args: argparse.Namespace, images: list[bytes], cuda: bool) -> list[
     return rows
 
 
-async def served(settings: Settings, images: list[bytes], clients: int,
-                 seconds: float) -> dict[str, Any]:  # fmt: skip
-    app = create_app(settings)
-    async with LifespanManager(app, startup_timeout=600) as manager:
-        transport = httpx.ASGITransport(app=manager.app)
-        async with contextlib.AsyncExitStack() as stack:
-            pool = [
-                await stack.enter_async_context(
-                    httpx.AsyncClient(transport=transport, base_url="http://served", timeout=120)
-                )
-                for _ in range(clients)
-            ]
-            spec = LoadSpec(concurrency=clients, warmup_s=min(3.0, seconds / 2),
-                            duration_s=seconds)  # fmt: skip
-            return await run(pool, images, spec)
+def loadgen(url: str, mode: list[str], seconds: float, out: Path) -> dict[str, Any]:
+    """``benchmarks.loadgen`` in a process of its own (it must not share the server's GIL)."""
+    command = [sys.executable, "-m", "benchmarks.loadgen", "--url", url, *mode,
+               "--warmup", str(min(3.0, seconds / 2)), "--duration", str(seconds),
+               "--json", str(out)]  # fmt: skip
+    env = {
+        **os.environ,
+        "PYTHONPATH": os.pathsep.join([str(ROOT), os.environ.get("PYTHONPATH", "")]),
+    }
+    done = subprocess.run(command, capture_output=True, text=True, timeout=seconds + 120,
+                          cwd=ROOT, env=env)  # fmt: skip
+    if done.returncode != 0:
+        raise RuntimeError(f"the load generator failed: {done.stderr[-2000:]}")
+    result: dict[str, Any] = json.loads(out.read_text())
+    return result
 
 
-def served_load(settings: Settings, images: list[bytes], clients: int,
-                seconds: float) -> dict[str, Any]:  # fmt: skip
-    return asyncio.run(served(settings, images, clients, seconds))
+def served_http(env: dict[str, str], clients: int, seconds: float) -> dict[str, Any]:
+    """A real uvicorn: ``clients`` closed-loop clients, then Poisson arrivals at 70% of the
+    throughput they reached (the p99 a server at that load answers with)."""
+    with tempfile.TemporaryDirectory() as folder, UvicornProcess(env, 600) as server:
+        closed = loadgen(server.url, ["--concurrency", str(clients)], seconds,
+                         Path(folder) / "closed.json")  # fmt: skip
+        rate = 0.7 * closed["throughput"]
+        opened = loadgen(server.url, ["--rate", f"{rate:.2f}"], seconds,
+                         Path(folder) / "open.json")  # fmt: skip
+    return {"closed": closed, "open_70": opened}
+
+
+def served_over_limit(data: dict[str, Any], precision: str, batch: int) -> float | None:
+    """Served images/s over the offline pipelined limit at the largest batch size."""
+    served, rows = data.get("served"), data.get("offline")
+    if not isinstance(served, dict) or not isinstance(rows, list):
+        return None
+    limit = [row["pipelined"] for row in rows
+             if row.get("precision") == precision and row.get("batch_size") == batch]  # fmt: skip
+    return served["closed"]["throughput"] / limit[0] if limit and limit[0] else None
 
 
 def check(args: argparse.Namespace) -> dict[str, Any]:
@@ -208,25 +289,31 @@ def check(args: argparse.Namespace) -> dict[str, Any]:
     low = "fp16" if cuda else "bf16"
     largest = args.batch_sizes[-1]
     precisions = (["fp16", "bf16", "fp32"] if args.full else ["fp16"]) if cuda else ["bf16"]
-    settings = Settings(_env_file=None, model=args.model, weights="none", precision=low,
-                        max_batch_size=largest, cuda_graphs=cuda, grpc_port=0,
-                        log_level="warning")  # fmt: skip
+    # Offline and served in the same graph mode, so that served / limit compares like with like.
+    env = {"BATCHSERVE_MODEL": args.model, "BATCHSERVE_WEIGHTS": "none",
+           "BATCHSERVE_PRECISION": low, "BATCHSERVE_MAX_BATCH_SIZE": str(largest),
+           "BATCHSERVE_CUDA_GRAPHS": str(cuda).lower(), "BATCHSERVE_GRPC_PORT": "0",
+           "BATCHSERVE_LOG_LEVEL": "warning"}  # fmt: skip
     trace = Path(args.out) / "gpu_check_trace.json"
     steps: list[tuple[str, str, Callable[[], Any]]] = [
         ("tests", "CUDA tests",
          lambda: SKIPPED if args.skip_tests or not cuda else run_cuda_tests()),
         ("decode", "decode agreement", lambda: decode_agreement(images) if cuda else SKIPPED),
+        ("decode_rates", "decode rates",
+         lambda: decode_rates(images, largest, args.seconds) if cuda else SKIPPED),
         ("precision", "precision agreement",
          lambda: precision_agreement(args.model, low, images, largest)),
+        ("precision_real", "precision on real weights",
+         lambda: "skipped (--smoke)" if args.smoke else real_precision_agreement(low, 20)),
         ("graphs", "CUDA graphs vs eager",
          lambda: graphs_agreement(args.model, images, min(8, largest)) if cuda else SKIPPED),
         ("pipeline", "batch pipeline", lambda: pipeline(args.model, low, images, largest)),
         ("offline", "offline throughput", lambda: offline.measure(
             args.model, precisions, args.batch_sizes, images, args.seconds, 1,
-            args.decode_threads)),
+            args.decode_threads, cuda_graphs=cuda)),
         ("runtimes", "ONNX Runtime on this device", lambda: runtimes(args, images, cuda)),
-        ("served", "served in-process",
-         lambda: served_load(settings, images, args.clients, args.seconds * 2)),
+        ("served", "served over HTTP",
+         lambda: served_http(env, args.clients, args.seconds * 2)),
         ("profile", "profile", lambda: profiled(args.model, low, largest, images, trace)),
     ]  # fmt: skip
     for index, (key, title, step) in enumerate(steps, 1):
@@ -237,6 +324,7 @@ def check(args: argparse.Namespace) -> dict[str, Any]:
             data[key] = f"failed: {type(exc).__name__}: {exc}"
             data["failures"][key] = traceback.format_exc()[-4000:]
         data["elapsed_s"] = time.perf_counter() - started
+        data["served_over_limit"] = served_over_limit(data, low, largest)
         write_report(Path(args.out), data)
     return data
 
@@ -310,10 +398,20 @@ The same batches run one at a time and from two threads at once:
         )  # fmt: skip
 
     def served(value: dict[str, Any]) -> str:
-        latency, server = value["latency_ms"], value["server"]
-        return table(["images/s", "p50 ms", "p99 ms", "mean batch", "device busy"],
-                     [[value["throughput"], latency["p50"], latency["p99"],
-                       server["mean_batch_size"], server["device_busy_ratio"]]])  # fmt: skip
+        rows = []
+        for label, run in (("closed loop", value["closed"]), ("open loop, 70%", value["open_70"])):
+            latency, server = run["latency_ms"], run["server"]
+            offered = run["offered_rate"] or run["concurrency"]
+            rows.append([label, offered, run["throughput"], latency["p50"], latency["p99"],
+                         server["mean_batch_size"], server["device_busy_ratio"],
+                         run["errors"] or "none"])  # fmt: skip
+        ratio = data.get("served_over_limit")
+        limit = "n/a" if ratio is None else f"{ratio:.3f}"
+        return table(["load", "clients or rate/s", "images/s", "p50 ms", "p99 ms",
+                      "mean batch", "device busy", "errors"], rows) + (
+            f"\n\nServed (closed loop) / offline pipelined limit, same precision and graph "
+            f"mode, largest batch: **{limit}**"
+        )  # fmt: skip
 
     def profile(value: dict[str, Any]) -> str:
         busy = value["gpu_busy_ratio"]
@@ -336,9 +434,19 @@ Mode: **{data["mode"]}**. Took {data.get("elapsed_s", 0):.0f} s so far.
 
 {section("decode")}
 
+### Decode rates (nvjpeg batched vs the CPU's decode threads, each fitted to 224)
+
+{section("decode_rates")}
+
 ## 3. Lower precision vs fp32
 
+Random weights (the numerics):
+
 {section("precision")}
+
+EfficientNet-Lite0's ImageNet weights on twenty real photos:
+
+{section("precision_real")}
 
 ## 4. CUDA graphs vs eager
 
@@ -356,7 +464,7 @@ Mode: **{data["mode"]}**. Took {data.get("elapsed_s", 0):.0f} s so far.
 
 {section("runtimes", runtime_rows)}
 
-## 7. Served in-process (real app over ASGI, closed loop)
+## 7. Served over HTTP (uvicorn; the load generator in a process of its own)
 
 {section("served", served)}
 

@@ -18,6 +18,7 @@ path), as torchvision does.
 from __future__ import annotations
 
 import enum
+import functools
 import platform
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -139,11 +140,22 @@ def letterbox(image: torch.Tensor, config: TransformConfig) -> torch.Tensor:
     else:
         resized = image
     size = config.crop_size
-    fill = torch.tensor([round(255 * m) for m in config.mean], dtype=image.dtype,
-                        device=image.device).view(3, 1, 1)  # fmt: skip
+    fill = channel_constant(tuple(round(255 * m) for m in config.mean), image.dtype, image.device)
     canvas = fill.expand(3, size, size).clone()
     canvas[:, : target[0], : target[1]] = resized
     return canvas
+
+
+@functools.lru_cache(maxsize=64)
+def channel_constant(
+    values: tuple[float, ...], dtype: torch.dtype, device: torch.device
+) -> torch.Tensor:
+    """``values`` as a ``[C, 1, 1]`` tensor on ``device``, made once per device and dtype: a
+    new one per batch would be a pageable host-to-device copy that waits for the stream, twice
+    a batch. Never written: every batch reads the same one (a plain tensor, not an inference
+    one, whether the first batch ran in inference mode or not)."""
+    with torch.inference_mode(False):
+        return torch.tensor(values, dtype=dtype, device=device).view(-1, 1, 1)
 
 
 def fit(image: torch.Tensor, config: TransformConfig) -> torch.Tensor:
@@ -178,8 +190,8 @@ def normalize_into(
     batch = images if isinstance(images, torch.Tensor) else torch.stack(list(images))
     if batch.device != out.device:
         batch = batch.to(out.device, non_blocking=True)
-    mean = torch.tensor(config.mean, dtype=torch.float32, device=batch.device).view(-1, 1, 1)
-    std = torch.tensor(config.std, dtype=torch.float32, device=batch.device).view(-1, 1, 1)
+    mean = channel_constant(config.mean, torch.float32, batch.device)
+    std = channel_constant(config.std, torch.float32, batch.device)
     # (x / 255 - mean) / std, in place on one float copy
     normalized = batch.to(torch.float32).mul_(1.0 / 255).sub_(mean).div_(std)
     target = out[: normalized.shape[0]]

@@ -165,7 +165,10 @@ def test_gpu_check_runs_degraded_without_cuda(tmp_path: Path) -> None:
     assert data["decode"] == data["graphs"] == gpu_check.SKIPPED
     assert data["precision"]["top1_agreement"] >= 0.9
     assert {row["batch_size"] for row in data["offline"]} == {1, 4}
-    assert data["served"]["ok"] > 0
+    assert data["served"]["closed"]["ok"] > 0
+    assert data["served"]["open_70"]["mode"] == "open"
+    assert data["served"]["open_70"]["ok"] > 0
+    assert data["served_over_limit"] > 0
     assert data["failures"] == {}
     assert (tmp_path / "gpu_check_trace.json.gz").stat().st_size > 0
     assert "## 8. Profile" in report
@@ -414,7 +417,7 @@ def test_a_failing_step_is_recorded_and_the_rest_still_run(
     monkeypatch.setattr(gpu_check, "pipeline", failing)
     monkeypatch.setattr(offline, "measure", lambda *a, **k: [])
     monkeypatch.setattr(gpu_check, "runtimes", lambda *a, **k: [])
-    monkeypatch.setattr(gpu_check, "served_load", quick("served"))
+    monkeypatch.setattr(gpu_check, "served_http", quick("served"))
     monkeypatch.setattr(gpu_check, "profiled", quick("profile"))
     code = gpu_check.main(["--smoke", "--skip-tests", "--out", str(tmp_path)])
     assert code == 1

@@ -113,7 +113,8 @@ def test_batched_decode_equals_per_image_cpu_decode() -> None:
         images.with_exif_orientation(images.photo(50, 30, seed=3), 3),
     ]
     decoded = decode_jpegs([encoded(data) for data in batch], CPU)  # type: ignore[misc]
-    for data, result in zip(batch, decoded, strict=True):
+    assert decoded.fallbacks == 0
+    for data, result in zip(batch, decoded.results, strict=True):
         assert isinstance(result, torch.Tensor)
         assert torch.equal(result, decode_cpu(data, read_header(data)))
 
@@ -135,8 +136,10 @@ def test_a_failing_batch_is_retried_per_image_with_a_cpu_fallback(
         return real(data, device)
 
     monkeypatch.setattr(device_decode, "_decode", picky)
-    results = decode_jpegs([encoded(good), encoded(cmyk), encoded(corrupt)], CPU)  # type: ignore[list-item]
+    decoded = decode_jpegs([encoded(good), encoded(cmyk), encoded(corrupt)], CPU)  # type: ignore[list-item]
     assert calls == [3, 1, 1, 1]  # the batch, then each image on its own
+    results = decoded.results
+    assert decoded.fallbacks == 2  # the CMYK image decoded, the corrupt one tried
     assert isinstance(results[0], torch.Tensor)
     assert isinstance(results[1], torch.Tensor)  # decoded by the CPU fallback
     assert torch.equal(results[1], decode_cpu(cmyk, read_header(cmyk)))
@@ -197,7 +200,7 @@ def test_more_requests_than_the_capacity_are_refused() -> None:
 def test_decode_device_setting() -> None:
     assert resolve_decode_device("auto", CPU) is False
     assert resolve_decode_device("cpu", torch.device("cuda")) is False
-    assert resolve_decode_device("auto", torch.device("cuda")) is True
+    assert resolve_decode_device("auto", torch.device("cuda"), lambda device: None) is True
     with pytest.raises(DeviceError, match="needs the model on a CUDA device"):
         resolve_decode_device("cuda", CPU)
 
@@ -211,7 +214,8 @@ def test_nvjpeg_decode_is_close_to_cpu_decode() -> None:
     pictures = [images.jpeg(images.photo(640, 480, seed=s), quality=90) for s in range(8)]
     pictures.append(images.with_exif_orientation(images.photo(300, 200, seed=9), 6))
     decoded = decode_jpegs([encoded(data) for data in pictures], gpu)  # type: ignore[misc]
-    for data, result in zip(pictures, decoded, strict=True):
+    assert decoded.fallbacks == 0
+    for data, result in zip(pictures, decoded.results, strict=True):
         assert isinstance(result, torch.Tensor)
         assert result.device.type == "cuda"
         reference = decode_cpu(data, read_header(data))

@@ -2,7 +2,8 @@
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
+from typing import Any
 
 import torch
 from torch.profiler import record_function
@@ -11,7 +12,7 @@ from app.engine.slot import BatchSlot
 from app.engine.streams import Mark, Streams
 from preprocessing import Buffer, ImageHeader, PreparedImage, fit, normalize_into
 from preprocessing.device import decode_jpegs
-from preprocessing.transforms import TransformConfig
+from preprocessing.transforms import TransformConfig, resize_crop
 
 
 class NotPreparedError(ValueError):
@@ -41,11 +42,14 @@ class Collator:
         input_shape: tuple[int, int, int],
         device: torch.device,
         streams: Streams,
+        on_fallbacks: Callable[[int], None] = lambda count: None,
     ) -> None:
         self.transform = transform
         self.input_shape = input_shape
         self.device = device
         self.streams = streams
+        # Told how many images of a batch the CPU decoded in the device decoder's place.
+        self.on_fallbacks = on_fallbacks
 
     def collate(
         self,
@@ -73,12 +77,17 @@ class Collator:
         if encoded:
             with record_function("batchserve.device_decode"):
                 decoded = decode_jpegs([(data, header) for _, data, header in encoded], self.device)
-                for (index, _, _), result in zip(encoded, decoded, strict=True):
+                if decoded.fallbacks:
+                    self.on_fallbacks(decoded.fallbacks)
+                pictures: dict[int, torch.Tensor] = {}
+                for (index, _, _), result in zip(encoded, decoded.results, strict=True):
                     if isinstance(result, BaseException):
                         errors[index] = result
-                        continue
-                    crop = fit(result, self.transform)
-                    slot.hold(result, crop)
+                    else:
+                        pictures[index] = result
+                        slot.hold(result)
+                for index, crop in self._fitted(pictures).items():
+                    slot.hold(crop)
                     (on_host if crop.device.type == "cpu" else on_device)[index] = crop
             marks["decoded"] = self.streams.mark()
 
@@ -107,3 +116,23 @@ class Collator:
                 slot.hold(block)
                 rows += ready
         return rows, errors
+
+    def _fitted(self, pictures: dict[int, torch.Tensor]) -> dict[int, torch.Tensor]:
+        """Each decoded picture fitted to the input. Pictures of one size on one device are
+        resized and cropped as one batch: a few kernels for all of them, not a few per image
+        launched one by one under the GIL (photos from one camera share a size). A letterbox
+        is per image: its padding depends on each image's own size."""
+        if self.transform.letterbox:
+            return {index: fit(picture, self.transform) for index, picture in pictures.items()}
+        groups: dict[tuple[Any, ...], list[int]] = {}
+        for index, picture in pictures.items():
+            groups.setdefault((picture.device, *picture.shape), []).append(index)
+        fitted: dict[int, torch.Tensor] = {}
+        for indices in groups.values():
+            if len(indices) == 1:
+                fitted[indices[0]] = fit(pictures[indices[0]], self.transform)
+                continue
+            crops = resize_crop(torch.stack([pictures[index] for index in indices]),
+                                self.transform)  # fmt: skip
+            fitted.update(zip(indices, crops, strict=True))
+        return fitted

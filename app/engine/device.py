@@ -2,7 +2,14 @@
 
 from __future__ import annotations
 
+import logging
+from collections.abc import Callable
+
 import torch
+
+from preprocessing.device import probe_decoder
+
+logger = logging.getLogger("batchserve")
 
 DTYPES = {"fp32": torch.float32, "fp16": torch.float16, "bf16": torch.bfloat16}
 NAMES = {dtype: name for name, dtype in DTYPES.items()}
@@ -60,10 +67,27 @@ def precision_candidates(
     return (dtype,)
 
 
-def resolve_decode_device(setting: str, device: torch.device) -> bool:
-    """Whether JPEGs are decoded on the model's device (nvjpeg) rather than the CPU."""
+def resolve_decode_device(
+    setting: str,
+    device: torch.device,
+    probe: Callable[[torch.device], str | None] = probe_decoder,
+) -> bool:
+    """Whether JPEGs are decoded on the model's device (nvjpeg) rather than the CPU: with
+    ``auto`` on CUDA, when one test decode on the device works (else the CPU, said loudly);
+    with ``cuda``, start-up fails when it does not."""
     if setting == "cuda" and device.type != "cuda":
         raise DeviceError("BATCHSERVE_DECODE_DEVICE=cuda needs the model on a CUDA device")
-    if setting == "auto":
-        return device.type == "cuda"
-    return setting == "cuda"
+    wanted = device.type == "cuda" if setting == "auto" else setting == "cuda"
+    if not wanted:
+        return False
+    failure = probe(device)
+    if failure is None:
+        return True
+    if setting == "cuda":
+        raise DeviceError(f"BATCHSERVE_DECODE_DEVICE=cuda but {device}'s JPEG decoder "
+                          f"failed a test image: {failure}")  # fmt: skip
+    logger.critical(
+        "JPEGs are decoded on the CPU, not on %s: its JPEG decoder failed a test image (%s)",
+        device, failure,
+    )  # fmt: skip
+    return False

@@ -6,9 +6,9 @@ import contextlib
 import logging
 import threading
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, TypeVar
 
 import numpy as np
 import torch
@@ -28,6 +28,8 @@ from preprocessing import Buffer, ImageLimits, PreparedImage, prepare
 from preprocessing.staging import PinnedStaging
 
 logger = logging.getLogger("batchserve")
+
+T = TypeVar("T")
 
 
 @dataclass(slots=True)
@@ -104,7 +106,8 @@ class InferenceEngine:
         self.buckets = tuple(sorted(set(buckets or (max_batch_size,)) | {max_batch_size}))
         self._observer = observer or EngineObserver()
         self._streams = streams_for(self.device)
-        self._collator = Collator(self.transform, self.input_shape, self.device, self._streams)
+        self._collator = Collator(self.transform, self.input_shape, self.device, self._streams,
+                                  self._observer.on_decode_fallbacks)  # fmt: skip
         self._slots = PinnedStaging(self._make_slot, size=max_inflight_batches)
         # Forward passes are serialised on the device, across every engine that shares it.
         self._execute_lock = device_lock or threading.Lock()
@@ -223,25 +226,22 @@ class InferenceEngine:
                                       report)  # fmt: skip
         kmax = max(requests[row].top_k for row in rows)
         scores_out, indices_out = slot.readback(count, kmax)
-        lock = self._execute_lock if self.backend.serialized else contextlib.nullcontext()
-        with lock, streams.compute(after=marks["collated"]):
-            forward_queued_at = time.perf_counter()
-            marks["forward_start"] = streams.mark()
-            with record_function("batchserve.forward"):
-                logits = self.backend.forward(slot.inputs[:padded])[:count]
-            marks["forward_end"] = streams.mark()
-            with record_function("batchserve.postprocess"):
-                probabilities = torch.softmax(logits.float(), dim=1)
-                scores, indices = probabilities.topk(kmax, dim=1)
-            marks["postprocessed"] = streams.mark()
-            with record_function("batchserve.d2h"):
-                # Contiguous pinned destinations: the copies are queued, the thread goes on.
-                scores_out.copy_(scores, non_blocking=True)
-                indices_out.copy_(indices, non_blocking=True)
-            marks["done"] = streams.mark()
+
+        def top_classes(output: Any) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+            logits = output[:count]
+            probabilities = torch.softmax(logits.float(), dim=1)
+            scores, indices = probabilities.topk(kmax, dim=1)
             slot.hold(logits, scores, indices)
-        marks["done"].synchronize()  # this batch's event only: other batches keep running
-        completed_at = time.perf_counter()
+            return probabilities, scores, indices
+
+        def read_back(top: tuple[torch.Tensor, torch.Tensor, torch.Tensor]) -> None:
+            # Contiguous pinned destinations: the copies are queued, the thread goes on.
+            scores_out.copy_(top[1], non_blocking=True)
+            indices_out.copy_(top[2], non_blocking=True)
+
+        (probabilities, _, _), forward_queued_at, completed_at = self._forward(
+            slot, padded, marks, top_classes, read_back
+        )
         # Dense answers as one array, not a dict per class and row (computed, so readable now).
         dense = (probabilities.cpu().numpy() if any(requests[row].dense for row in rows)
                  else None)  # fmt: skip
@@ -277,23 +277,14 @@ class InferenceEngine:
     ) -> list[Prediction | BaseException]:
         """A batch of a detector, a segmenter or an encoder: the forward pass, then its
         outputs read and turned into each image's answer on the batch (``tasks.answers``)."""
-        streams, count = self._streams, len(rows)
+        count = len(rows)
         images = [requests[row].image for row in rows]
         size, letterbox = self.transform.crop_size, self.transform.letterbox
         geometries = [geometry_of(image, size, letterbox) for image in images]
-        lock = self._execute_lock if self.backend.serialized else contextlib.nullcontext()
-        with lock, streams.compute(after=marks["collated"]):
-            forward_queued_at = time.perf_counter()
-            marks["forward_start"] = streams.mark()
-            with record_function("batchserve.forward"):
-                output = self.backend.forward(slot.inputs[:padded])
-            marks["forward_end"] = streams.mark()
-            with record_function("batchserve.postprocess"):
-                kind, values = self._answers(output, count, rows, requests, geometries)
-            marks["postprocessed"] = streams.mark()
-            marks["done"] = streams.mark()
-        marks["done"].synchronize()
-        completed_at = time.perf_counter()
+        (kind, values), forward_queued_at, completed_at = self._forward(
+            slot, padded, marks,
+            lambda output: self._answers(output, count, rows, requests, geometries),
+        )  # fmt: skip
         stages = self._stages(marks)
         for position, row in enumerate(rows):
             prediction = Prediction([], count, started, stages)
@@ -302,6 +293,37 @@ class InferenceEngine:
         if report:
             self._report(count, padded, marks, forward_queued_at, completed_at, stages)
         return _completed(outcomes)
+
+    def _forward(
+        self,
+        slot: BatchSlot,
+        padded: int,
+        marks: dict[str, Mark],
+        postprocess: Callable[[Any], T],
+        read_back: Callable[[T], None] | None = None,
+    ) -> tuple[T, float, float]:
+        """The batch's forward pass on the compute stream, once its preprocessing is done
+        (its ``collated`` mark), under the device's lock when the backend is serialised; then
+        ``postprocess`` of its output and ``read_back`` of the results, and a wait for this
+        batch's own ``done`` event only, so that other batches keep running. Returns what
+        ``postprocess`` made, when the forward pass was queued and when it all completed."""
+        streams = self._streams
+        lock = self._execute_lock if self.backend.serialized else contextlib.nullcontext()
+        with lock, streams.compute(after=marks["collated"]):
+            queued_at = time.perf_counter()
+            marks["forward_start"] = streams.mark()
+            with record_function("batchserve.forward"):
+                output = self.backend.forward(slot.inputs[:padded])
+            marks["forward_end"] = streams.mark()
+            with record_function("batchserve.postprocess"):
+                result = postprocess(output)
+            marks["postprocessed"] = streams.mark()
+            if read_back is not None:
+                with record_function("batchserve.d2h"):
+                    read_back(result)
+            marks["done"] = streams.mark()
+        marks["done"].synchronize()
+        return result, queued_at, time.perf_counter()
 
     def _answers(
         self,
@@ -371,7 +393,10 @@ class InferenceEngine:
         Returns the last round's seconds per size, to seed the batcher's timing model.
         """
         sizes = tuple(sorted(set(batch_sizes or self.buckets)))
-        self.backend.prepare(self.buckets)
+        # No other forward pass on this device while the backend prepares: a CUDA graph's
+        # capture must not overlap another model's (or version's) batch.
+        with self._execute_lock if self._streams.timed_on_device else contextlib.nullcontext():
+            self.backend.prepare(self.buckets)
         # A few images of different sizes run decoding and resizing; batches repeat them.
         prepared = [self.prepare(data) for data in warmup_images(WARMUP_IMAGES)]
         timings: dict[int, float] = {}

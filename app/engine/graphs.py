@@ -22,6 +22,13 @@ class CudaGraphs:
     ``run(batch)`` copies a bucket-sized batch into the static input, replays, and returns the
     static output: read (or copy) it before the next ``run`` of the same bucket, which the
     engine guarantees by running forward passes one at a time on one stream.
+
+    Captured while other threads may work on the same GPU (another model's batches, this
+    model's previous version during a reload): the engine holds the device's lock meanwhile,
+    so no other forward pass runs, and the capture is ``thread_local``, so that another
+    thread's preprocessing (an allocation, a synchronisation) is not an error in the capture.
+    cuDNN autotunes (``cudnn.benchmark``) only while capturing: a replay keeps the algorithms
+    it captured, and the flag is process-wide, so it must not stay on for every other model.
     """
 
     def __init__(
@@ -36,6 +43,21 @@ class CudaGraphs:
         self._inputs: dict[int, torch.Tensor] = {}
         self._outputs: dict[int, torch.Tensor] = {}
         self._graphs: dict[int, torch.cuda.CUDAGraph] = {}
+        benchmark = torch.backends.cudnn.benchmark
+        torch.backends.cudnn.benchmark = True
+        try:
+            self._capture(model, buckets, image_shape, dtype, device)
+        finally:
+            torch.backends.cudnn.benchmark = benchmark
+
+    def _capture(
+        self,
+        model: Callable[[torch.Tensor], torch.Tensor],
+        buckets: Sequence[int],
+        image_shape: tuple[int, int, int],
+        dtype: torch.dtype,
+        device: torch.device,
+    ) -> None:
         pool = torch.cuda.graph_pool_handle()
         side = torch.cuda.Stream(device)  # type: ignore[no-untyped-call]
         # Largest first: the shared memory pool is sized by the first capture.
@@ -48,7 +70,7 @@ class CudaGraphs:
                     model(static)
             torch.cuda.current_stream(device).wait_stream(side)
             graph = torch.cuda.CUDAGraph()
-            with torch.cuda.graph(graph, pool=pool):
+            with torch.cuda.graph(graph, pool=pool, capture_error_mode="thread_local"):
                 output = model(static)
             self._inputs[size], self._outputs[size], self._graphs[size] = static, output, graph
         torch.cuda.synchronize(device)

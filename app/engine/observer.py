@@ -40,3 +40,7 @@ class EngineObserver:
 
     def on_batch(self, report: BatchReport) -> None:
         """A batch finished (warm-up batches are not reported)."""
+
+    def on_decode_fallbacks(self, count: int) -> None:
+        """``count`` images of a batch were decoded on the CPU because the device's JPEG
+        decoder failed them (or failed altogether)."""

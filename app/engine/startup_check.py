@@ -47,12 +47,13 @@ def is_checked(backend: Backend) -> bool:
 
 
 def checked_against_eager(name: str, precision: str, device: torch.device) -> bool:
-    """A runtime always is; PyTorch itself on a CPU in a precision below fp32 (bf16 moved
-    efficientnet-lite0's probabilities by up to 0.070 on the 20 test photos,
-    ``benchmarks/results/accuracy-efficientnet-lite0-torchscript-bf16.md``)."""
+    """A runtime always is; PyTorch itself in a precision below fp32, on a CPU or a GPU (bf16
+    moved efficientnet-lite0's probabilities by up to 0.070 on the 20 test photos,
+    ``benchmarks/results/accuracy-efficientnet-lite0-torchscript-bf16.md``; fp16 overflows
+    where activations pass 65504, which no reading of the code can rule out)."""
     if name != "torch":
         return True
-    return precision != "fp32" and device.type == "cpu"
+    return precision != "fp32"
 
 
 def engine_check(

@@ -77,9 +77,6 @@ class TorchBackend(Backend):
         return self._graphs.buckets if self._graphs is not None else []
 
     def prepare(self, buckets: Sequence[int]) -> None:
-        if self.device.type == "cuda" and self.fixed_shapes:
-            # Autotuning pays only when shapes repeat: here every batch is one of the buckets.
-            torch.backends.cudnn.benchmark = True
         if self._capture and self._graphs is None:
             with torch.inference_mode():
                 self._graphs = CudaGraphs(
