@@ -105,3 +105,63 @@ def test_the_walk_sees_through_this_projects_modules() -> None:
     # gRPC only when its front end is asked for: app.main imports it inside the lifespan.
     assert "grpc" not in third_party_at_load(["app.main"])
     assert {"grpc", "grpc_health", "tritonclient"} <= set(third_party_at_load(["app.grpc.server"]))
+
+
+# Run in a process of its own: every import of a third-party module outside the device image
+# and the wheels fails there, as it would on the device, including those made while serving.
+_ONLY_THE_DEVICE_IMAGE = r"""
+import asyncio, importlib.abc, importlib.metadata, re, sys
+
+from benchmarks.gpu_wheels import DEVICE_IMAGE, PACKAGES
+
+normal = lambda name: re.sub(r"[-_.]+", "-", name).lower()
+allowed = {normal(name) for name in (*DEVICE_IMAGE, *PACKAGES)}
+distributions = importlib.metadata.packages_distributions()
+first_party = {"app", "preprocessing", "batching", "benchmarks", "harness", "tests"}
+refused = set()
+
+class DeviceImage(importlib.abc.MetaPathFinder):
+    def find_spec(self, name, path=None, target=None):
+        top = name.split(".")[0]
+        if (top in sys.stdlib_module_names or top in first_party or top.startswith("_")
+                or top not in distributions):
+            return None
+        if not {normal(d) for d in distributions[top]} & allowed:
+            refused.add(top)
+            raise ModuleNotFoundError(f"not on the device image: {top}", name=name)
+        return None
+
+sys.meta_path.insert(0, DeviceImage())
+import benchmarks.gpu_check  # noqa
+import httpx
+from asgi_lifespan import LifespanManager
+from app.main import create_app
+from tests.conftest import make_settings
+from tests import images
+
+async def main():
+    app = create_app(make_settings(grpc_port=GRPC_PORT))
+    async with LifespanManager(app, startup_timeout=120) as manager:
+        transport = httpx.ASGITransport(app=manager.app)
+        async with httpx.AsyncClient(transport=transport, base_url="http://device") as client:
+            answer = await client.post("/predict", content=images.jpeg(images.solid((200, 0, 0))),
+                                       headers={"content-type": "image/jpeg"})
+            assert answer.status_code == 200, answer.text
+    print("refused:", sorted(refused))
+
+asyncio.run(main())
+"""
+
+
+def test_the_server_starts_and_answers_with_only_the_device_images_packages() -> None:
+    """Imports made while starting and serving (with gRPC on) count too, not only those at
+    load: each one outside the two lists fails in that process."""
+    import subprocess
+
+    from harness.servers import free_port
+
+    script = _ONLY_THE_DEVICE_IMAGE.replace("GRPC_PORT", str(free_port()))
+    done = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True,
+                          cwd=ROOT, timeout=300)  # fmt: skip
+    assert done.returncode == 0, done.stderr[-3000:]
+    assert "refused:" in done.stdout
