@@ -55,7 +55,8 @@ DEVICE_IMAGE = [
 # The serving stack and what it needs beyond the image's own packages (tests/test_device_image
 # checks that everything app.main and benchmarks.gpu_check import is in one list or the other).
 PACKAGES = [
-    "fastapi", "opentelemetry-api", "starlette", "annotated-doc", "pydantic", "pydantic-core", "pydantic-settings",
+    "fastapi", "opentelemetry-api", "starlette", "annotated-doc", "pydantic", "pydantic-core",
+    "pydantic-settings",
     "python-dotenv", "annotated-types", "typing-inspection", "typing-extensions", "uvicorn",
     "orjson", "python-multipart", "prometheus-fastapi-instrumentator", "prometheus-client",
     "asgi-lifespan", "sniffio", "pytest-asyncio", "pytest", "pluggy", "iniconfig", "simplejpeg",
