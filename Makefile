@@ -7,7 +7,7 @@ BENCH_STAMP := $(VENV)/.bench-stamp
 HOST   ?= 0.0.0.0
 PORT   ?= 8000
 
-.PHONY: install serve serve-workers test test-fast lint format bench gpu-check gpu-wheels clean
+.PHONY: install serve serve-workers test test-fast lint format docs bench gpu-check gpu-wheels clean
 
 $(STAMP): pyproject.toml
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
@@ -34,9 +34,15 @@ serve-workers: $(STAMP)
 	BATCHSERVE_PYTHON=$(CURDIR)/$(BIN)/python BATCHSERVE_HOST=$(HOST) \
 	$(BIN)/supervisord -c deploy/host/supervisord.conf
 
-## Run the whole test suite
+## Build the documentation strictly (a broken link or a missing page fails), then run the whole test suite
 test: $(STAMP)
+	NO_MKDOCS_2_WARNING=1 $(BIN)/mkdocs build --strict -q --site-dir $(VENV)/site
 	$(BIN)/python -m pytest -q
+
+## Serve the documentation at http://127.0.0.1:$(DOCS_PORT), rebuilt as its pages change
+DOCS_PORT ?= 8080
+docs: $(STAMP)
+	NO_MKDOCS_2_WARNING=1 $(BIN)/mkdocs serve --dev-addr 127.0.0.1:$(DOCS_PORT)
 
 ## Skip the slow and end-to-end tests
 test-fast: $(STAMP)

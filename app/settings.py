@@ -38,44 +38,91 @@ class Settings(BaseSettings, ModelKeys):
     """Every knob of the server. Field ``x`` is read from ``BATCHSERVE_X``."""
 
     model_config = SettingsConfigDict(
-        env_prefix=ENV_PREFIX, env_file=".env", extra="ignore", frozen=True
+        env_prefix=ENV_PREFIX,
+        env_file=".env",
+        extra="ignore",
+        frozen=True,
+        use_attribute_docstrings=True,
     )
 
     # The model's own settings (``ModelKeys``) come first; then the process's:
     artifacts_dir: Path = Path.home() / ".cache" / "batchserve" / "artifacts"
+    """Where exported (ONNX, OpenVINO IR) and quantized models are kept and reused; must be
+    writable."""
 
     # Batching (the batcher's own settings are the model's)
     max_queue_size: int = Field(1024, ge=1)
+    """Requests admitted and not yet dispatched; more get 503 `overloaded`."""
     max_queue_bytes: int = Field(256 * 1024 * 1024, ge=1024)
+    """Encoded bytes those requests hold together (bodies being read, images waiting to be decoded,
+    JPEGs kept for the GPU decoder until dispatch); beyond it 503 `overloaded`; at least
+    `MAX_IMAGE_BYTES`."""
     drain_timeout_s: float = Field(30.0, ge=0)
+    """On SIGTERM, how long accepted requests may take to finish."""
 
     # Requests
     max_image_bytes: int = Field(20 * 1024 * 1024, ge=1024)
+    """Larger bodies get 413 without being read."""
     max_image_pixels: int = Field(40_000_000, ge=1)
+    """Checked from the header before decoding."""
     max_images_per_request: int | None = Field(None, ge=1)
+    """The most images one request may carry (422 beyond, `INVALID_ARGUMENT` over gRPC); each
+    counts against `MAX_QUEUE_SIZE` as soon as the request is parsed. Unset: 64 (at most
+    `MAX_QUEUE_SIZE`)."""
     min_image_size: int = Field(8, ge=1, le=4096)
+    """Smallest accepted side in pixels (400 below it)."""
     max_header_bytes: int = Field(16 * 1024, ge=1024)
+    """Request headers larger than this get 431."""
     decode_workers: int | None = Field(None, ge=1, le=256)
+    """Threads that decode images. Unset: available CPUs."""
     torch_threads: int | None = Field(None, ge=1, le=1024)
+    """Threads of one forward pass (torch's intra-op threads, or the runtime's); "available" is the
+    process's affinity mask capped by its container's CPU quota, not the host's core count.
+    Beside a runtime, torch's own steps (normalising a batch, its top classes, and so the decode
+    threads' resizing too) run on one thread (see [torch's threads beside a
+    runtime](runtimes.md#torchs-threads-beside-a-runtime)). Unset: available CPUs."""
     workers: int = Field(1, ge=1, le=256)
+    """The workers on one host (one per GPU, or per share of the CPUs); see
+    [Deployment](deployment.md)."""
     worker_index: int = Field(0, ge=0, le=255)
+    """This process is worker `WORKER_INDEX` of `WORKERS` on one host: it takes GPU `WORKER_INDEX`
+    (with `DEVICE=auto`), or that share of the CPUs (pinned, with as many threads); see
+    [Deployment](deployment.md)."""
 
     # Several models
     model_repository: Directory | None = None
+    """A model repository: several models and versions in one process; see [Several
+    models](repository.md)."""
     model_control: ModelControl = "none"
+    """`none`: every model of the repository loads at start, the repository API refuses to load or
+    unload; `explicit`: `LOAD_MODELS` load at start, then as the API asks."""
     load_models: Annotated[tuple[str, ...], NoDecode] = ()
+    """Comma-separated models loaded at start under `MODEL_CONTROL=explicit`."""
     default_model: str | None = Field(None, pattern=MODEL_NAME_PATTERN)
+    """The model of `/predict` without `?model=`. Unset: the only model."""
 
     # gRPC: the Open Inference Protocol's GRPCInferenceService beside HTTP
     grpc_port: int = Field(8001, ge=0, le=65535)
+    """The Open Inference Protocol over gRPC on this port (`0`: off); see
+    [gRPC](protocol.md#the-open-inference-protocol-over-grpc)."""
     grpc_host: str | None = Field(None, min_length=1)
+    """The address gRPC listens on (uvicorn's `--host` or `UVICORN_HOST`, else `127.0.0.1` as
+    uvicorn's default). Unset: uvicorn's `--host`."""
 
     # Operations
     model_name: str | None = Field(None, pattern=MODEL_NAME_PATTERN)
+    """Without a repository: the model's name in `/predict?model=` and the Open Inference
+    Protocol's URLs (`/v2/models/<name>/infer`). Unset: the model (a factory's function name)."""
     api_key: SecretStr | None = None
+    """At least 16 bytes (a shorter or empty one stops start-up): require `Authorization: Bearer
+    <key>` on `/predict`, `/v1/models` and the `/v2` metadata and inference routes, and as
+    `authorization` call metadata on every gRPC call but health."""
     protect_metrics: bool = False
+    """Require the key on `/metrics` too."""
     log_level: LogLevel = "info"
+    """`critical`, `error`, `warning`, `info`, `debug`."""
     log_json: bool = False
+    """One JSON object per log line, with the request id."""
 
     @field_validator("load_models", mode="before")
     @classmethod

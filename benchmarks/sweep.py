@@ -6,7 +6,7 @@ each named configuration and drives it with open-loop Poisson load at several of
 outcome on a CPU: batching off, the cap (``MAX_BATCH_SIZE``), a second batch in flight
 (``MAX_INFLIGHT_BATCHES=2``, where the window acts while a batch runs), and the window with
 idle dispatch off (``DISPATCH_WHEN_IDLE=false``, where every batch waits for it). With the CPU
-defaults (one batch in flight, idle dispatch on) the window never acts: see the README.
+defaults (one batch in flight, idle dispatch on) the window never acts: see docs/batching.md.
 
 Writes a markdown table (medians over rounds), a JSON file and PNG plots.
 

@@ -108,7 +108,8 @@ async def test_health_readiness_and_models(client: httpx.AsyncClient) -> None:
     assert (await client.get("/healthz")).json() == {"status": "ok", "state": "ready"}
     assert (await client.get("/readyz")).json() == {"status": "ready", "state": "ready"}
     (model,) = (await client.get("/v1/models")).json()["models"]
-    assert model["name"] == "tests.models:color_classifier"
+    assert model["architecture"] == "tests.models:color_classifier"
+    assert model["name"] == model["architecture"]  # deprecated, kept one release
     assert model["weights"] == "random"
     assert model["device"] == "cpu"
     assert model["precision"] == "fp32"

@@ -17,6 +17,7 @@ from benchmarks import accuracy, commits, gpu_check, handoff, offline, sweep
 from benchmarks.corpus import generate, load
 from benchmarks.loadgen import LoadSpec, run
 from harness.promtext import ServerDelta, parse
+from harness.servers import ROOT
 from preprocessing import read_header
 from tests import images
 from tests.conftest import COLOR_MODEL, make_settings, serve
@@ -426,3 +427,27 @@ def test_a_failing_step_is_recorded_and_the_rest_still_run(
     assert data["pipeline"] == "failed: RuntimeError: no such stream"
     assert "no such stream" in data["failures"]["pipeline"]
     assert "failed: RuntimeError" in (tmp_path / "gpu_check.md").read_text()
+
+
+def test_one_entry_point_lists_every_tool_and_study() -> None:
+    """Every runnable module of ``benchmarks`` is a tool or a study of ``python -m benchmarks``,
+    and a name that is neither is refused."""
+    import subprocess
+    import sys
+
+    from benchmarks.__main__ import STUDIES, TOOLS
+
+    folder = ROOT / "benchmarks"
+    runnable = {
+        path.stem
+        for path in folder.glob("*.py")
+        if 'if __name__ == "__main__":' in path.read_text() and path.stem != "__main__"
+    }
+    assert runnable == set(TOOLS) | set(STUDIES)
+    assert not set(TOOLS) & set(STUDIES)
+    listed = subprocess.run([sys.executable, "-m", "benchmarks"], capture_output=True, text=True,
+                            cwd=ROOT, check=True).stdout  # fmt: skip
+    assert all(f"  {name} " in listed for name in runnable)
+    wrong = subprocess.run([sys.executable, "-m", "benchmarks", "nothing"], capture_output=True,
+                           text=True, cwd=ROOT)  # fmt: skip
+    assert wrong.returncode == 2

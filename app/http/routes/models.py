@@ -41,6 +41,8 @@ def _describe(server: ServerState, version: ModelVersion) -> dict[str, Any]:
     return {
         "model": version.model,
         "version": str(version.version),
+        "architecture": engine.name,
+        # Deprecated: the architecture's old name, kept for one release beside ``architecture``.
         "name": engine.name,
         "weights": engine.weights,
         "choice": settings.choice,

@@ -1,0 +1,60 @@
+"""``python -m benchmarks <tool> [arguments]``: the benchmark tools behind one entry point.
+
+Each tool is a module of this package with its own ``--help``; ``python -m benchmarks`` lists
+them. The tools are what a user runs to measure a deployment; the studies are the scripts
+behind one question each, kept runnable beside the reports they wrote.
+"""
+
+from __future__ import annotations
+
+import ast
+import runpy
+import sys
+from pathlib import Path
+
+# What a user runs to measure a model, a machine or a deployment.
+TOOLS = (
+    "loadgen", "offline", "compare", "served_vs_limit", "served_ab", "sweep", "profile",
+    "accuracy", "backends", "coldstart", "peer_servers", "soak", "batcher_overhead",
+    "int8_gate", "int8_evaluate", "gpu_check", "gpu_wheels",
+)  # fmt: skip
+# One question each: what a change gained, a suspect cleared, a choice measured.
+STUDIES = (
+    "commits", "decode", "event_loop", "grpc_rest", "handoff", "int8_emulated", "priorities",
+    "models", "reload", "resize", "revisions", "runtime_options", "served_profile", "torch_threads",
+    "workers",
+)  # fmt: skip
+
+
+def summary(name: str) -> str:
+    """The first line of a module's docstring, read without importing it (and torch)."""
+    source = (Path(__file__).parent / f"{name}.py").read_text()
+    docstring = ast.get_docstring(ast.parse(source)) or ""
+    return docstring.strip().splitlines()[0] if docstring.strip() else ""
+
+
+def usage() -> str:
+    width = max(map(len, TOOLS + STUDIES))
+    lines = ["usage: python -m benchmarks <tool> [arguments]   (each tool has --help)", "",
+             "tools:"]  # fmt: skip
+    lines += [f"  {name:<{width}}  {summary(name)}" for name in TOOLS]
+    lines += ["", "studies (their reports are in benchmarks/results/):"]
+    lines += [f"  {name:<{width}}  {summary(name)}" for name in STUDIES]
+    return "\n".join(lines)
+
+
+def main(argv: list[str]) -> int:
+    if not argv or argv[0] in ("-h", "--help", "help"):
+        print(usage())
+        return 0
+    name = argv[0].replace("-", "_")
+    if name not in TOOLS + STUDIES:
+        print(f"no tool named {argv[0]!r}\n\n{usage()}", file=sys.stderr)
+        return 2
+    sys.argv = [f"python -m benchmarks {argv[0]}", *argv[1:]]
+    runpy.run_module(f"benchmarks.{name}", run_name="__main__", alter_sys=True)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))
