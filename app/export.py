@@ -17,7 +17,7 @@ import sys
 
 from app.engine import build_engine
 from app.engine.factory import load_configured_model
-from app.engine.store import ensure_onnx, ensure_openvino
+from app.engine.model.store import ensure_onnx, ensure_openvino
 from app.logs import configure_logging
 from app.settings import settings_for_tool
 

@@ -17,11 +17,11 @@ import json
 import sys
 from pathlib import Path
 
-from app.engine.artifacts import REPORT, read_json
 from app.engine.errors import StartupError
 from app.engine.factory import load_configured_model
-from app.engine.int8_class import CLASSES, named
-from app.engine.quantize import build_int8
+from app.engine.int8.int8_class import CLASSES, named
+from app.engine.int8.quantize import build_int8
+from app.engine.model.artifacts import REPORT, read_json
 from app.logs import configure_logging
 from app.settings import settings_for_tool
 

@@ -1,7 +1,7 @@
 """Accuracy gate: does a faster configuration (fp16, bf16, TorchScript, inductor, another
 backend, INT8...) give the same answers as the fp32 eager reference? Exits non-zero when it
-does not, so it can gate a deployment. The comparison is the server's own (``app.engine.gate``,
-the same the INT8 gate and the start-up check use).
+does not, so it can gate a deployment. The comparison is the server's own
+(``app.engine.checks.gate``, the same the INT8 gate and the start-up check use).
 
 With a labelled folder (ImageFolder layout: ``<root>/<class>/<image>``, the class a label or an
 index), both configurations' top-1 and top-5 accuracy are reported and the candidate's top-1
@@ -81,7 +81,7 @@ def compare_on(
     reference: torch.Tensor, candidate: torch.Tensor, samples: list[Sample],
     engine: InferenceEngine,
 ) -> dict[str, Any]:  # fmt: skip
-    """``app.engine.gate.compare``, with the true classes when every sample has a label."""
+    """``app.engine.checks.gate.compare``, with the true classes when every sample has a label."""
     labelled = all(sample.label is not None for sample in samples)
     truth = [label_index(engine, sample.label or "") for sample in samples] if labelled else None
     return compare(reference, candidate, truth)

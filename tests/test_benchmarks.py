@@ -451,3 +451,18 @@ def test_one_entry_point_lists_every_tool_and_study() -> None:
     wrong = subprocess.run([sys.executable, "-m", "benchmarks", "nothing"], capture_output=True,
                            text=True, cwd=ROOT)  # fmt: skip
     assert wrong.returncode == 2
+
+
+def test_a_round_where_the_peer_answered_nothing_has_no_ratio() -> None:
+    from benchmarks.peer_servers import ratios
+
+    def round_of(throughput: float, p50: float) -> dict[str, float]:
+        return {"throughput": throughput, "one_client_p50_ms": p50}
+
+    samples = {
+        "batchserve": [round_of(10, 20), round_of(12, 30), round_of(9, 25)],
+        "litserve": [round_of(5, 40), round_of(0, 0), round_of(3, 50)],
+    }
+    result = ratios(samples, ["litserve"])
+    assert result["batchserve vs litserve images/s"] == 2.5  # the median of 2 and 3
+    assert result["batchserve vs litserve one-client p50"] == 0.5 * (0.5 + 0.5)

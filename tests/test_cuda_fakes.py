@@ -22,11 +22,11 @@ import torch
 from prometheus_client import generate_latest
 
 from app.engine import ImageRequest, InferenceEngine
+from app.engine.checks.startup_check import checked_against_eager
 from app.engine.device import DeviceError, resolve_decode_device
-from app.engine.graphs import CudaGraphs
 from app.engine.observer import EngineObserver
-from app.engine.startup_check import checked_against_eager
-from app.engine.streams import CudaStreams
+from app.engine.pipeline.graphs import CudaGraphs
+from app.engine.pipeline.streams import CudaStreams
 from app.metrics import Metrics
 from preprocessing import device as device_decode
 from preprocessing import transforms as transforms_module

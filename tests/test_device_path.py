@@ -15,7 +15,7 @@ from PIL import Image, ImageOps
 
 from app.engine import ImageRequest, InferenceEngine
 from app.engine.device import DeviceError, resolve_decode_device
-from app.engine.graphs import bucket_for
+from app.engine.pipeline.graphs import bucket_for
 from app.metrics import Metrics
 from harness.pipeline_checks import (
     ReportLog,

@@ -24,12 +24,12 @@ from app.engine import (
     build_engine,
     load_model,
 )
-from app.engine.compile import optimize, resolve_compile
+from app.engine.checks.gate import CHECK_BOUNDS, Bounds
 from app.engine.device import DeviceError, precision_candidates, resolve_device
 from app.engine.errors import CheckFailedError
-from app.engine.gate import CHECK_BOUNDS, Bounds
 from app.engine.machine import fixed_rates
-from app.engine.slot import BatchSlot
+from app.engine.model.compile import optimize, resolve_compile
+from app.engine.pipeline.slot import BatchSlot
 from app.settings import Settings
 from preprocessing import ImageFormat, ImageHeader, PreparedImage, TransformConfig, prepare
 from tests import images

@@ -13,15 +13,15 @@ import torch
 
 from app.cpus import available_cpus, cpu_model
 from app.engine import build_engine
-from app.engine.artifacts import REPORT, write_json
+from app.engine.checks.gate import CHECK_BOUNDS, compare, verdict
 from app.engine.errors import StartupError, UngatedModelError
-from app.engine.gate import CHECK_BOUNDS, compare, verdict
-from app.engine.int8_class import Int8Class, classify, cpu_flags, this_cpu
-from app.engine.int8_report import GATE_IMAGES
-from app.engine.kept import code_fingerprint
+from app.engine.int8.int8_class import Int8Class, classify, cpu_flags, this_cpu
+from app.engine.int8.int8_report import GATE_IMAGES
+from app.engine.int8.quantize import build_int8
+from app.engine.int8.quantize_onnx import recipe_order
 from app.engine.machine import fixed_rates
-from app.engine.quantize import build_int8
-from app.engine.quantize_onnx import recipe_order
+from app.engine.model.artifacts import REPORT, write_json
+from app.engine.model.kept import code_fingerprint
 from app.settings import Settings
 from tests import images
 from tests.conftest import make_settings, serve
@@ -284,7 +284,7 @@ def test_an_ungated_model_that_disagrees_is_served_only_when_allowed(
 ) -> None:
     """A broken INT8 artefact fails its gate (judged again: it is not the file the report
     judged) and the start-up check; with ALLOW_UNGATED_INT8 it serves anyway, loudly."""
-    from app.engine.export import export_onnx
+    from app.engine.model.export import export_onnx
     from tests.models import ConvColorClassifier
 
     class Negated(ConvColorClassifier):

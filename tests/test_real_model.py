@@ -11,11 +11,11 @@ from pathlib import Path
 import pytest
 
 from app.engine import build_engine
-from app.engine.artifacts import REPORT, read_json
 from app.engine.errors import UngatedModelError
 from app.engine.factory import load_configured_model
-from app.engine.int8_class import this_cpu
-from app.engine.quantize import build_int8
+from app.engine.int8.int8_class import this_cpu
+from app.engine.int8.quantize import build_int8
+from app.engine.model.artifacts import REPORT, read_json
 from tests import images
 from tests.conftest import make_settings, serve
 from tests.real_model import EXPECTED, FACTORY, photos, write_labels

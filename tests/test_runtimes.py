@@ -19,11 +19,11 @@ import torch
 
 from app.engine import ImageRequest, InferenceEngine, StartupError, build_engine
 from app.engine import factory as factory_module
-from app.engine import store as store_module
-from app.engine.artifacts import REPORT, write_json
 from app.engine.errors import CheckFailedError, UngatedModelError
-from app.engine.export import ONNX_FILE, export_onnx
 from app.engine.machine import Machine, fixed_rates
+from app.engine.model import store as store_module
+from app.engine.model.artifacts import REPORT, write_json
+from app.engine.model.export import ONNX_FILE, export_onnx
 from app.settings import Settings
 from tests import images
 from tests.conftest import COLOR_MODEL, make_settings, serve

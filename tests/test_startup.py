@@ -16,8 +16,8 @@ from typing import Any
 import pytest
 
 from app.engine import InferenceEngine, build_engine
-from app.engine.kept import code_fingerprint
-from app.engine.startup_check import CHECK_RECORD
+from app.engine.checks.startup_check import CHECK_RECORD
+from app.engine.model.kept import code_fingerprint
 from app.startup import MODEL_PHASES, Phases, process_age_s
 from harness.promtext import parse, value
 from tests import images
@@ -147,8 +147,8 @@ def test_an_artefact_hashed_ahead_is_not_hashed_again(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     # The start-up check's binding takes the hash begun while the runtime compiled.
-    from app.engine import int8_report
-    from app.engine.artifacts import file_sha256
+    from app.engine.int8 import int8_report
+    from app.engine.model.artifacts import file_sha256
 
     model = tmp_path / "model.xml"
     model.write_bytes(b"<net/>" * 1000)
@@ -167,7 +167,7 @@ def test_an_artefact_hashed_ahead_is_not_hashed_again(
 
 
 def test_an_artefact_written_again_after_its_hash_began_is_hashed_again(tmp_path: Path) -> None:
-    from app.engine import int8_report
+    from app.engine.int8 import int8_report
 
     model = tmp_path / "model.onnx"
     model.write_bytes(b"first export")
@@ -182,7 +182,7 @@ def test_an_artefact_written_again_after_its_hash_began_is_hashed_again(tmp_path
 def test_a_read_only_cache_still_starts(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
 ) -> None:
-    from app.engine import artifacts
+    from app.engine.model import artifacts
 
     settings = make_settings(backend="onnxruntime", artifacts_dir=tmp_path / "artifacts")
     first = build_engine(settings.own_model())
@@ -236,8 +236,8 @@ def test_a_kept_artefact_serves_without_building_the_eager_model(
     import sys
 
     from app.engine import ImageRequest
-    from app.engine import loading as loading_module
-    from app.engine.cards import card_path
+    from app.engine.model import loading as loading_module
+    from app.engine.model.cards import card_path
 
     settings = make_settings(model=model, weights="none", backend=backend,
                              precision=precision, artifacts_dir=tmp_path / "artifacts")  # fmt: skip
@@ -295,8 +295,8 @@ def test_a_card_that_no_longer_fits_its_weights_stops_the_start(tmp_path: Path) 
     import json
     import shutil
 
-    from app.engine.cards import card_path
-    from app.engine.loading import ModelLoadError
+    from app.engine.model.cards import card_path
+    from app.engine.model.loading import ModelLoadError
 
     settings = make_settings(model=TORCHVISION_MODEL, weights="none", backend="onnxruntime",
                              artifacts_dir=tmp_path / "artifacts")  # fmt: skip
@@ -311,7 +311,7 @@ def test_a_card_that_no_longer_fits_its_weights_stops_the_start(tmp_path: Path) 
 
 
 def test_a_factory_model_gets_no_card() -> None:
-    from app.engine.cards import card_path
+    from app.engine.model.cards import card_path
 
     assert (
         card_path(make_settings().own_model()) is None

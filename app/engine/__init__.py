@@ -5,8 +5,8 @@ and the benchmarks import from here, never from its modules."""
 
 from __future__ import annotations
 
-from app.engine.artifacts import REPORT, read_json
 from app.engine.backends import Backend, TorchBackend
+from app.engine.checks.gate import Bounds, compare, eager_reference, probabilities, verdict
 from app.engine.device import (
     DeviceError,
     precision_candidates,
@@ -15,16 +15,16 @@ from app.engine.device import (
 )
 from app.engine.engine import ImageRequest, InferenceEngine, Prediction
 from app.engine.errors import StartupError
-from app.engine.export import ONNX_FILE, OPENVINO_FILE, convert_to_openvino, export_onnx
 from app.engine.factory import build_engine, load_configured_model
-from app.engine.gate import Bounds, compare, eager_reference, probabilities, verdict
-from app.engine.graphs import bucket_for
-from app.engine.int8_class import named, this_cpu
-from app.engine.int8_report import GATE_IMAGES, int8_bounds
-from app.engine.loading import LoadedModel, ModelLoadError, load_model
+from app.engine.int8.int8_class import named, this_cpu
+from app.engine.int8.int8_report import GATE_IMAGES, int8_bounds
+from app.engine.int8.quantize import build_int8, calibration_batches, plain_recipe
 from app.engine.machine import Machine, fixed_rates
+from app.engine.model.artifacts import REPORT, read_json
+from app.engine.model.export import ONNX_FILE, OPENVINO_FILE, convert_to_openvino, export_onnx
+from app.engine.model.loading import LoadedModel, ModelLoadError, load_model
 from app.engine.observer import BatchReport, EngineObserver
-from app.engine.quantize import build_int8, calibration_batches, plain_recipe
+from app.engine.pipeline.graphs import bucket_for
 from app.engine.tasks import resolve_task
 from app.engine.warmup import synthetic_jpegs, synthetic_photo
 

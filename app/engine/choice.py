@@ -41,12 +41,12 @@ import torch
 from pydantic import BaseModel
 
 from app.cpus import cpu_model
-from app.engine.artifacts import keep_json, read_json
 from app.engine.backends import Backend
 from app.engine.errors import StartupError
-from app.engine.int8_class import this_cpu
-from app.engine.kept import code_fingerprint, read_kept
+from app.engine.int8.int8_class import this_cpu
 from app.engine.machine import Machine
+from app.engine.model.artifacts import keep_json, read_json
+from app.engine.model.kept import code_fingerprint, read_kept
 from app.model_config import ModelConfig
 
 logger = logging.getLogger("batchserve")

@@ -15,12 +15,12 @@ import torch
 from torch.profiler import record_function
 
 from app.engine.backends import Backend
-from app.engine.collate import Collator
-from app.engine.graphs import bucket_for
-from app.engine.loading import LoadedModel
+from app.engine.model.loading import LoadedModel
 from app.engine.observer import BatchReport, EngineObserver
-from app.engine.slot import BatchSlot
-from app.engine.streams import Mark, streams_for
+from app.engine.pipeline.collate import Collator
+from app.engine.pipeline.graphs import bucket_for
+from app.engine.pipeline.slot import BatchSlot
+from app.engine.pipeline.streams import Mark, streams_for
 from app.engine.tasks import answers, outputs
 from app.engine.tasks.answers import Detected, Geometry, geometry_of
 from app.engine.warmup import WARMUP_IMAGES, warmup_images
@@ -62,8 +62,8 @@ class InferenceEngine:
 
     ``run_batch`` is synchronous and thread-safe: the batcher calls it from up to
     ``max_inflight_batches`` worker threads, so that batch N+1 is decoded, copied and
-    normalised while batch N runs. Each batch takes a slot (see ``app.engine.slot``) for its
-    whole life. Forward passes are serialised: the device executes one batch at a time. On
+    normalised while batch N runs. Each batch takes a slot (see ``app.engine.pipeline.slot``)
+    for its whole life. Forward passes are serialised: the device executes one batch at a time. On
     CUDA, preprocessing runs on the slot's stream and the forward pass on a compute stream,
     and host-device copies go through pinned buffers. Batches are padded to buckets only when
     the backend needs fixed shapes.

@@ -14,9 +14,9 @@ from typing import Any
 import torch
 
 from app.engine.backends import Backend, TorchBackend, open_runtime
-from app.engine.cards import load_described
+from app.engine.checks.precision import fastest
+from app.engine.checks.startup_check import checked_against_eager, engine_check, is_checked
 from app.engine.choice import choose_backend
-from app.engine.compile import kept, resolve_compile
 from app.engine.device import (
     DTYPES,
     NAMES,
@@ -26,13 +26,13 @@ from app.engine.device import (
 )
 from app.engine.engine import InferenceEngine
 from app.engine.errors import CheckFailedError, StartupError
-from app.engine.int8_gated import gated_int8, int8_ready
-from app.engine.loading import LoadedModel, load_model, loaded_digest
+from app.engine.int8.int8_gated import gated_int8, int8_ready
 from app.engine.machine import Machine
+from app.engine.model.cards import load_described
+from app.engine.model.compile import kept, resolve_compile
+from app.engine.model.loading import LoadedModel, load_model, loaded_digest
+from app.engine.model.store import ensure_onnx, ensure_openvino, input_shape, torchscript_artifact
 from app.engine.observer import EngineObserver
-from app.engine.precision import fastest
-from app.engine.startup_check import checked_against_eager, engine_check, is_checked
-from app.engine.store import ensure_onnx, ensure_openvino, input_shape, torchscript_artifact
 from app.model_config import ModelConfig
 from app.startup import Phases
 from batching import BatchConfig
@@ -302,7 +302,7 @@ def _runtime_backend(config: ModelConfig, loaded: LoadedModel, build: _Build) ->
             path = ensure_onnx(root, loaded)
         else:  # one IR for every precision: OpenVINO converts when it compiles
             path = ensure_openvino(root, loaded, "fp32")
-    from app.engine.int8_report import digest_ahead
+    from app.engine.int8.int8_report import digest_ahead
 
     digest_ahead(path)  # for the start-up check's binding, while the runtime compiles
 

@@ -9,8 +9,8 @@ from collections.abc import Callable
 from dataclasses import dataclass
 
 from app.engine.backends import Backend
+from app.engine.checks.precision import images_per_second
 from app.engine.device import cpu_supports_bf16
-from app.engine.precision import images_per_second
 
 # A backend's forward rate in images/s: (backend, input shape, rows, seconds to time at least).
 Rate = Callable[[Backend, tuple[int, int, int], int, float], float]

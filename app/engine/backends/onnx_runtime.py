@@ -22,7 +22,7 @@ import torch
 
 from app.engine.backends.base import Backend
 from app.engine.errors import MissingExtraError, StartupError
-from app.engine.export import INPUT_NAME, OUTPUT_NAME
+from app.engine.model.export import INPUT_NAME, OUTPUT_NAME
 
 
 def import_onnxruntime() -> Any:

@@ -23,7 +23,7 @@ import numpy as np
 import torch
 
 from app.engine.backends.base import Backend
-from app.engine.export import import_openvino
+from app.engine.model.export import import_openvino
 
 _PRECISION_HINTS = {"fp32": "f32", "bf16": "bf16", "int8": "f32"}
 

@@ -10,15 +10,15 @@ import torch
 from torch import nn
 
 from app.engine.backends.base import Backend
-from app.engine.compile import optimize
 from app.engine.device import NAMES
-from app.engine.graphs import CudaGraphs
+from app.engine.model.compile import optimize
+from app.engine.pipeline.graphs import CudaGraphs
 
 
 class TorchBackend(Backend):
     """The model as a ``torch.nn.Module`` on its device, in its dtype, channels_last.
 
-    ``compile_mode`` is checked against eager at construction (see ``app.engine.compile``).
+    ``compile_mode`` is checked against eager at construction (see ``app.engine.model.compile``).
     With ``cuda_graphs`` on a CUDA device, ``prepare`` captures one graph per bucket, and from
     then on batches must be padded to those buckets. Inductor compiles one kernel set per
     shape, so it pads to buckets too; everything else runs the exact batch size, because

@@ -7,7 +7,7 @@ from typing import Any
 from fastapi import APIRouter, Request
 from starlette.responses import Response
 
-from app.engine.int8_class import this_cpu
+from app.engine.int8.int8_class import this_cpu
 from app.http.responses import json_response
 from app.http.schemas import ModelList
 from app.http.state import ServerState, server_state

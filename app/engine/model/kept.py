@@ -19,7 +19,7 @@ from typing import TypeVar
 
 from pydantic import BaseModel, ValidationError
 
-from app.engine.artifacts import read_json
+from app.engine.model.artifacts import read_json
 
 logger = logging.getLogger("batchserve")
 
@@ -38,7 +38,7 @@ def code_fingerprint() -> str:
         digest.update(importlib.metadata.version("batchserve").encode())
     except importlib.metadata.PackageNotFoundError:
         digest.update(b"-")
-    root = Path(__file__).resolve().parents[2]
+    root = Path(__file__).resolve().parents[3]
     for package in _PACKAGES:
         for path in sorted((root / package).rglob("*.py")):
             digest.update(str(path.relative_to(root)).encode())

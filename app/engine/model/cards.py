@@ -33,9 +33,9 @@ from typing import Any
 from pydantic import BaseModel
 from torch import nn
 
-from app.engine.artifacts import file_sha256, keep_json, weights_digest
-from app.engine.kept import code_fingerprint, read_kept
-from app.engine.loading import ContentCheck, LoadedModel, ModelLoadError
+from app.engine.model.artifacts import file_sha256, keep_json, weights_digest
+from app.engine.model.kept import code_fingerprint, read_kept
+from app.engine.model.loading import ContentCheck, LoadedModel, ModelLoadError
 from app.model_config import ModelConfig
 from preprocessing import TransformConfig
 

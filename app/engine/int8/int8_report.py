@@ -18,11 +18,11 @@ from concurrent.futures import Future
 from pathlib import Path
 from typing import Any
 
-from app.engine.artifacts import file_sha256
-from app.engine.gate import Bounds, looser, verdict
-from app.engine.int8_class import this_cpu
-from app.engine.kept import code_fingerprint
-from app.engine.loading import LoadedModel
+from app.engine.checks.gate import Bounds, looser, verdict
+from app.engine.int8.int8_class import this_cpu
+from app.engine.model.artifacts import file_sha256
+from app.engine.model.kept import code_fingerprint
+from app.engine.model.loading import LoadedModel
 from app.model_config import ModelConfig
 
 GATE_IMAGES = "gate"  # the folder of held-out images beside an INT8 artefact

@@ -11,9 +11,9 @@ from pathlib import Path
 
 import torch
 
-from app.engine.artifacts import ArtifactKey, building, find
 from app.engine.device import NAMES
-from app.engine.export import (
+from app.engine.model.artifacts import ArtifactKey, building, find
+from app.engine.model.export import (
     ONNX_FILE,
     OPENVINO_FILE,
     convert_to_openvino,
@@ -21,7 +21,7 @@ from app.engine.export import (
     onnx_exporter,
     openvino_exporter,
 )
-from app.engine.loading import LoadedModel, loaded_digest
+from app.engine.model.loading import LoadedModel, loaded_digest
 
 logger = logging.getLogger("batchserve")
 

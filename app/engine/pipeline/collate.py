@@ -8,8 +8,8 @@ from typing import Any
 import torch
 from torch.profiler import record_function
 
-from app.engine.slot import BatchSlot
-from app.engine.streams import Mark, Streams
+from app.engine.pipeline.slot import BatchSlot
+from app.engine.pipeline.streams import Mark, Streams
 from preprocessing import Buffer, ImageHeader, PreparedImage, fit, normalize_into
 from preprocessing.device import decode_jpegs
 from preprocessing.transforms import TransformConfig, resize_crop

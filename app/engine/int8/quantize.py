@@ -31,11 +31,8 @@ import numpy as np
 import torch
 from PIL import Image, ImageEnhance, ImageOps
 
-from app.engine.artifacts import REPORT, building, find, read_json, write_json
 from app.engine.backends import Backend, open_runtime
-from app.engine.errors import StartupError
-from app.engine.export import ONNX_FILE, OPENVINO_FILE
-from app.engine.gate import (
+from app.engine.checks.gate import (
     compare,
     eager_reference,
     engine_for,
@@ -43,16 +40,19 @@ from app.engine.gate import (
     probabilities,
     verdict,
 )
-from app.engine.int8_class import Int8Class, this_cpu
-from app.engine.int8_report import (
+from app.engine.checks.precision import side_by_side
+from app.engine.errors import StartupError
+from app.engine.int8.int8_class import Int8Class, this_cpu
+from app.engine.int8.int8_report import (
     GATE_IMAGES,
     binding,
     int8_bounds,
     int8_failures,
 )
-from app.engine.loading import LoadedModel, loaded_digest
-from app.engine.precision import side_by_side
-from app.engine.store import ensure_onnx, ensure_openvino, input_shape, int8_key
+from app.engine.model.artifacts import REPORT, building, find, read_json, write_json
+from app.engine.model.export import ONNX_FILE, OPENVINO_FILE
+from app.engine.model.loading import LoadedModel, loaded_digest
+from app.engine.model.store import ensure_onnx, ensure_openvino, input_shape, int8_key
 from app.model_config import ModelConfig
 from preprocessing import ImageLimits, normalize_into, prepare
 
@@ -180,13 +180,13 @@ class _Runtime:
         """The runtime's quantizer and recipes; ``reference()`` gives fp32's probabilities
         on the calibration images (asked only by accuracy control)."""
         if self.name == "openvino":
-            import app.engine.quantize_openvino as ov
+            import app.engine.int8.quantize_openvino as ov
 
             def expected() -> list[np.ndarray[Any, Any]]:
                 return [row.numpy() for row in reference()]
 
             return ov.OpenVinoQuantizer(fp32, inputs, expected), ov.recipe_order(saturates)
-        import app.engine.quantize_onnx as ort
+        import app.engine.int8.quantize_onnx as ort
 
         onnx_quantizer = ort.OnnxQuantizer(fp32, inputs, self.work)
         order = ort.recipe_order(saturates, len(onnx_quantizer.quantizable_layers()))
@@ -338,10 +338,10 @@ def build_int8(
 
 def is_recipe(backend: str, name: str) -> bool:
     if backend == "openvino":
-        from app.engine.quantize_openvino import parse_recipe as parse_openvino
+        from app.engine.int8.quantize_openvino import parse_recipe as parse_openvino
 
         return parse_openvino(name) is not None
-    from app.engine.quantize_onnx import parse_recipe as parse_onnx
+    from app.engine.int8.quantize_onnx import parse_recipe as parse_onnx
 
     return parse_onnx(name) is not None
 

@@ -18,14 +18,14 @@ from typing import Any
 import torch
 from pydantic import BaseModel
 
-from app.engine.artifacts import keep_json
 from app.engine.backends import Backend
+from app.engine.checks.gate import CHECK_BOUNDS, compare, eager_reference, judged, probabilities
 from app.engine.device import cpu_supports_bf16
 from app.engine.engine import InferenceEngine
 from app.engine.errors import CheckFailedError
-from app.engine.gate import CHECK_BOUNDS, compare, eager_reference, judged, probabilities
-from app.engine.kept import read_kept
-from app.engine.loading import LoadedModel, loaded_digest
+from app.engine.model.artifacts import keep_json
+from app.engine.model.kept import read_kept
+from app.engine.model.loading import LoadedModel, loaded_digest
 from app.engine.warmup import warmup_images
 from app.startup import Phases
 
@@ -84,7 +84,7 @@ def check_binding(engine: InferenceEngine, loaded: LoadedModel, device: torch.de
     """What a start-up check's verdict holds for: this artefact (its sha256), these weights and
     preprocessing, this runtime version and CPU INT8 class, this precision and device, these
     bounds."""
-    from app.engine.int8_report import binding
+    from app.engine.int8.int8_report import binding
 
     path = Path(engine.backend.path)  # type: ignore[attr-defined]
     bound = {

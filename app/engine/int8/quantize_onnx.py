@@ -22,7 +22,7 @@ from typing import Any
 import numpy as np
 
 from app.engine.errors import MissingExtraError
-from app.engine.export import INPUT_NAME
+from app.engine.model.export import INPUT_NAME
 
 QUANTIZED_OPS = ("Conv", "Gemm", "MatMul")
 _NAME = re.compile(r"^qdq-w(?P<bits>[78])(-fp32x(?P<kept>\d+))?$")

@@ -25,7 +25,7 @@ from typing import Any
 import numpy as np
 
 from app.engine.errors import MissingExtraError
-from app.engine.export import import_openvino
+from app.engine.model.export import import_openvino
 
 _NAME = re.compile(r"^nncf-w(?P<bits>[78])(?P<control>-accuracy-control)?$")
 # Accuracy control's metric: the mean over calibration images of 1 - the total variation

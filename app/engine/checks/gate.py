@@ -21,7 +21,7 @@ from torch import nn
 
 from app.engine.backends import Backend, TorchBackend
 from app.engine.engine import ImageRequest, InferenceEngine
-from app.engine.loading import LoadedModel
+from app.engine.model.loading import LoadedModel
 
 # A confident answer: the reference gives its top class at least this probability, and at least
 # twice its runner-up's (a 0.52 / 0.46 split is a hesitation, not an answer).

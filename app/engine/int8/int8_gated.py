@@ -10,12 +10,11 @@ from dataclasses import asdict
 from pathlib import Path
 from typing import Any
 
-from app.engine.artifacts import REPORT, read_json
 from app.engine.backends import open_runtime
+from app.engine.checks.gate import Bounds, compare, eager_reference, engine_for, probabilities
 from app.engine.errors import UngatedModelError
-from app.engine.gate import Bounds, compare, eager_reference, engine_for, probabilities
-from app.engine.int8_class import this_cpu
-from app.engine.int8_report import (
+from app.engine.int8.int8_class import this_cpu
+from app.engine.int8.int8_report import (
     GATE_IMAGES,
     artifact_digest,
     binding,
@@ -23,9 +22,10 @@ from app.engine.int8_report import (
     int8_failures,
     reasons_to_rejudge,
 )
-from app.engine.loading import LoadedModel, loaded_digest
-from app.engine.quantize import build_int8
-from app.engine.store import int8_artifact, int8_key
+from app.engine.int8.quantize import build_int8
+from app.engine.model.artifacts import REPORT, read_json
+from app.engine.model.loading import LoadedModel, loaded_digest
+from app.engine.model.store import int8_artifact, int8_key
 from app.model_config import ModelConfig
 
 logger = logging.getLogger("batchserve")

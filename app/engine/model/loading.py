@@ -19,7 +19,7 @@ from urllib.parse import urlparse
 import torch
 from torch import nn
 
-from app.engine.artifacts import weights_digest
+from app.engine.model.artifacts import weights_digest
 from app.engine.tasks import default_size, letterboxed, resolve_task
 from app.engine.tasks.adapters import SegmenterLogits, TorchvisionDetector, without_head
 from app.engine.tasks.outputs import OutputMismatchError, mismatch, output_size
@@ -45,7 +45,7 @@ class ContentCheck:
     def __init__(self, path: Path, expected: str) -> None:
         from concurrent.futures import Future
 
-        from app.engine.artifacts import file_sha256
+        from app.engine.model.artifacts import file_sha256
 
         self.path = path
         self.expected = expected
@@ -71,7 +71,7 @@ class ContentCheck:
 class LoadedModel:
     """A model: its name, weights, labels and evaluation transform, and its eager module.
 
-    Described by a kept model card (``app.engine.cards``), it has no module until one is asked
+    Described by a kept model card (``app.engine.model.cards``), it has no module until one is asked
     for: a start that serves a checked artefact never builds the eager model. ``digest`` is
     the weights digest that names its artefacts (computed from the module when not known).
     """

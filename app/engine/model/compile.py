@@ -29,7 +29,7 @@ from typing import Literal
 import torch
 from torch import nn
 
-from app.engine.artifacts import file_sha256, keep_json, read_json
+from app.engine.model.artifacts import file_sha256, keep_json, read_json
 
 logger = logging.getLogger("batchserve")
 
@@ -111,7 +111,7 @@ def kept(artifact: Path, dtype: torch.dtype, device: torch.device) -> nn.Module 
 
 
 def _binding(artifact: Path, dtype: torch.dtype, device: torch.device) -> dict[str, str]:
-    from app.engine.kept import code_fingerprint
+    from app.engine.model.kept import code_fingerprint
 
     return {"sha256": file_sha256(artifact), "torch": torch.__version__, "dtype": str(dtype),
             "device": device.type, "code": code_fingerprint()}  # fmt: skip

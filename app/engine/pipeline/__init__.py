@@ -1,0 +1,1 @@
+"""The device path of a batch: streams and events, per-batch slots, collation, CUDA graphs."""
