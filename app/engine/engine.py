@@ -1,4 +1,10 @@
-"""The inference engine: one batched forward pass per batch, one result or error per request."""
+"""The inference engine: one batched forward pass per batch, one result or error per request.
+
+Longer than most modules on purpose: a batch's whole life (its slot, collation, the forward
+pass and what each task reads from it, readback, the report) is one ordering of streams,
+marks and held tensors, and reads best in one place; the parts with a life of their own
+(slots, streams, collation, answers) are modules of their own.
+"""
 
 from __future__ import annotations
 

@@ -1,4 +1,8 @@
-"""Build the engine the config describe: model, device, backend, precision, artefacts."""
+"""Build the engine the config describe: model, device, backend, precision, artefacts.
+
+A little over 300 lines: it is the one place where the choices of a start meet (device,
+precision candidates, backend, INT8 gate, start-up check), each made in a module of its own.
+"""
 
 from __future__ import annotations
 

@@ -1,6 +1,10 @@
 """Static INT8: calibrated on real images through the server's own preprocessing, with the
 recipe this CPU needs, then judged on images calibration never saw.
 
+Longer than most modules: the split of the photos, the recipes tried in order, the gate's
+run and the kept report are one procedure for both runtimes; what differs per runtime is in
+``quantize_onnx.py`` and ``quantize_openvino.py``.
+
 The images under the calibration folder are split in name order: every other photo calibrates
 (with crops of it), the rest are held out for the accuracy gate (with variants of each: a
 crop, a mirror image, brighter and duller colours, a harsh JPEG); ``--gate DIR`` gives the gate

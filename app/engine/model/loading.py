@@ -1,4 +1,10 @@
-"""Build a classification model by name, with its weights, labels and evaluation transform."""
+"""Build a model by name, with its weights, labels and evaluation transform.
+
+Longer than most modules: every way a model is built (a torchvision architecture, a
+checkpoint, a factory of yours, the embedded EfficientNet-Lite0) ends in the same
+``LoadedModel``, its labels counted against its outputs and its transform taken from its
+weights, and those endings are shared here rather than repeated per loader.
+"""
 
 from __future__ import annotations
 
