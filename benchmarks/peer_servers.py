@@ -77,11 +77,22 @@ def peer_server(name: str, model: str, batch_size: int) -> ServerProcess:
     return ServerProcess(command, f"http://127.0.0.1:{port}", env, 300.0, ready)
 
 
+def loaded(server: ServerProcess, images: list[bytes], clients: int,
+           args: argparse.Namespace) -> dict[str, Any]:  # fmt: skip
+    """A warm-up load, then one answer (so that what the warm-up's clients left queued is
+    done: a server that does not drop the work of a client that went away would otherwise
+    spend the measured window on it, and with a slow model answer nothing in it), then the
+    measured load."""
+    wrk.run(server.url, images, clients, 0, args.warmup, multipart=True)
+    first_answer(server, images[0], timeout_s=600.0)
+    return wrk.run(server.url, images, clients, 0, args.duration, multipart=True)
+
+
 def measure(server: ServerProcess, images: list[bytes], args: argparse.Namespace) -> dict[str, Any]:
     with server:
         first_answer(server, images[0])
-        many = wrk.run(server.url, images, args.clients, args.warmup, args.duration, multipart=True)
-        one = wrk.run(server.url, images, 1, args.warmup, args.duration, multipart=True)
+        many = loaded(server, images, args.clients, args)
+        one = loaded(server, images, 1, args)
     if many["errors"] or one["errors"]:
         print(f"    errors: {many['errors']} {one['errors']}", flush=True)
     return {
@@ -170,7 +181,7 @@ def markdown(data: dict[str, Any]) -> str:
 `python -m benchmarks.peer_servers --model {data["model"]} --batch-size {data["batch_size"]} \\
 --clients {data["clients"]} --rounds {data["rounds"]}`. Medians of {data["rounds"]} interleaved
 rounds, a fresh process for every server in every round, {data["duration_s"]} s per load after
-a warm-up; wrk on the same machine posting the same images as multipart field `file`.
+a warm-up whose queued requests were answered first; wrk on the same machine posting the same images as multipart field `file`.
 batchserve: {", ".join(data["configs"])} (`BACKEND=auto` unless a configuration names a
 backend; INT8 built from random weights and served ungated, for throughput only). Peers
 ({peers}) written as their documentation shows (`benchmarks/peer_apps`): eager torchvision
