@@ -181,7 +181,8 @@ def markdown(data: dict[str, Any]) -> str:
 `python -m benchmarks.peer_servers --model {data["model"]} --batch-size {data["batch_size"]} \\
 --clients {data["clients"]} --rounds {data["rounds"]}`. Medians of {data["rounds"]} interleaved
 rounds, a fresh process for every server in every round, {data["duration_s"]} s per load after
-a warm-up whose queued requests were answered first; wrk on the same machine posting the same images as multipart field `file`.
+a warm-up whose queued requests were answered first; wrk on the same machine posting the same
+images as multipart field `file`.
 batchserve: {", ".join(data["configs"])} (`BACKEND=auto` unless a configuration names a
 backend; INT8 built from random weights and served ungated, for throughput only). Peers
 ({peers}) written as their documentation shows (`benchmarks/peer_apps`): eager torchvision
