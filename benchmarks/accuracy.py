@@ -26,7 +26,7 @@ from typing import Any
 import torch
 
 from app.engine import Bounds, InferenceEngine, compare, probabilities, verdict
-from benchmarks.common import machine, machine_markdown, table, write_results
+from benchmarks.common import command_line, machine, machine_markdown, table, write_results
 from benchmarks.corpus import IMAGE_SUFFIXES, generate
 from benchmarks.offline import make_engine
 
@@ -129,7 +129,7 @@ def markdown(report: dict[str, Any], failures: list[str], info: dict[str, Any]) 
 
 
 def parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p = command_line(__doc__, __file__)
     p.add_argument("--model", default="resnet18")
     p.add_argument("--weights", default="none")
     p.add_argument("--images", type=Path, help="a folder (default: generated images)")

@@ -31,7 +31,15 @@ from typing import Any
 
 from app.engine import plain_recipe, this_cpu
 from benchmarks import wrk
-from benchmarks.common import machine, machine_markdown, median, table, write_results
+from benchmarks.common import (
+    command_line,
+    load_arguments,
+    machine,
+    machine_markdown,
+    median,
+    publish,
+    table,
+)
 from benchmarks.compare import server_env, variants
 from benchmarks.corpus import corpus, generate
 from harness.servers import UvicornProcess
@@ -200,24 +208,18 @@ served @{data["clients"]}, images/s):
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser = command_line(__doc__, __file__)
     parser.add_argument("--model", default="resnet50")
     parser.add_argument("--batch-size", type=int, default=8)
-    parser.add_argument("--clients", type=int, default=64)
-    parser.add_argument("--rounds", type=int, default=2)
-    parser.add_argument("--seconds", type=float, default=8.0)
-    parser.add_argument("--warmup", type=float, default=3.0)
+    load_arguments(parser, rounds=2, duration=8.0, duration_flag="--seconds")
     parser.add_argument("--configs", nargs="+", default=DEFAULT_CONFIGS)
-    parser.add_argument("--images", type=Path)
     parser.add_argument("--calibration", type=Path, help="images for INT8 calibration")
     parser.add_argument("--artifacts", type=Path, help="keep artefacts here between runs")
     parser.add_argument("--ungated-int8", action=argparse.BooleanOptionalAction, default=True)
     parser.add_argument("--name", help="results/<name>.* (default: backends-<model>)")
     args = parser.parse_args()
     data = run(args)
-    text = markdown(data)
-    print(text)
-    write_results(args.name or f"backends-{args.model}", data, text)
+    publish(args.name or f"backends-{args.model}", data, markdown(data))
 
 
 if __name__ == "__main__":

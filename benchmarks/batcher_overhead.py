@@ -14,7 +14,6 @@ Usage: ``python -m benchmarks.batcher_overhead [--requests N] [--runs R]``
 
 from __future__ import annotations
 
-import argparse
 import asyncio
 import time
 from collections.abc import Awaitable, Callable, Sequence
@@ -22,7 +21,7 @@ from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
 from batching import BatchConfig, BatchObserver, DynamicBatcher
-from benchmarks.common import machine, machine_markdown, median, table, write_results
+from benchmarks.common import command_line, machine, machine_markdown, median, table, write_results
 
 
 def noop(items: list[int]) -> list[int]:
@@ -159,7 +158,7 @@ No-op `run_batch`; medians of {data["runs"]} runs of {data["requests"]} requests
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser = command_line(__doc__, __file__)
     parser.add_argument("--requests", type=int, default=100_000)
     parser.add_argument("--clients", type=int, default=512)
     parser.add_argument("--runs", type=int, default=5)

@@ -28,7 +28,14 @@ from typing import Any
 import httpx
 
 from benchmarks.commits import git, round_order
-from benchmarks.common import machine, machine_markdown, median, table, write_results
+from benchmarks.common import (
+    command_line,
+    machine,
+    machine_markdown,
+    median,
+    publish,
+    table,
+)
 from benchmarks.compare import server_env
 from benchmarks.corpus import generate
 from benchmarks.peer_servers import peer_server
@@ -179,7 +186,7 @@ phases are theirs):
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser = command_line(__doc__, __file__)
     parser.add_argument("--models", nargs="+", default=["resnet50", "resnet18"])
     parser.add_argument("--backends", nargs="+", default=["torch", "openvino"])
     parser.add_argument("--rounds", type=int, default=3)
@@ -190,9 +197,7 @@ def main() -> None:
     parser.add_argument("--name", default="coldstart")
     args = parser.parse_args()
     data = run(args)
-    text = markdown(data)
-    print(text)
-    write_results(args.name, data, text)
+    publish(args.name, data, markdown(data))
 
 
 if __name__ == "__main__":

@@ -25,7 +25,14 @@ import tempfile
 from pathlib import Path
 from typing import Any
 
-from benchmarks.common import machine, machine_markdown, median, table, write_results
+from benchmarks.common import (
+    command_line,
+    machine,
+    machine_markdown,
+    median,
+    publish,
+    table,
+)
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -137,7 +144,7 @@ the control: a change to the serving path leaves it at 1 but for the machine's d
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser = command_line(__doc__, __file__)
     parser.add_argument("--revisions", nargs="+", required=True, help="the first is the base")
     parser.add_argument("--rounds", type=int, default=3)
     parser.add_argument("--name", default="commits")
@@ -146,9 +153,7 @@ def main() -> None:
     args = parser.parse_args()
     args.backends = [arg for arg in args.backends if arg != "--"]
     data = run(args)
-    text = markdown(data)
-    print(text)
-    write_results(args.name, data, text)
+    publish(args.name, data, markdown(data))
 
 
 if __name__ == "__main__":

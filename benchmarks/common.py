@@ -70,29 +70,63 @@ def machine_markdown(info: dict[str, Any]) -> str:
     return "\n".join(f"- {key}: {info[key]}" for key in keys if key in info)
 
 
-def write_results(name: str, data: dict[str, Any], markdown: str) -> tuple[Path, Path]:
-    """Write ``results/<name>.json`` and ``results/<name>.md``."""
-    RESULTS.mkdir(parents=True, exist_ok=True)
-    json_path = RESULTS / f"{name}.json"
-    md_path = RESULTS / f"{name}.md"
+def write_results(
+    name: str, data: dict[str, Any], markdown: str, folder: Path = RESULTS
+) -> tuple[Path, Path]:
+    """Write ``<name>.json`` and ``<name>.md`` into ``folder`` (``benchmarks/results`` for a
+    tool; a study writes beside its report)."""
+    folder.mkdir(parents=True, exist_ok=True)
+    json_path = folder / f"{name}.json"
+    md_path = folder / f"{name}.md"
     json_path.write_text(json.dumps(data, indent=2, default=str) + "\n")
     md_path.write_text(markdown.rstrip() + "\n")
     return json_path, md_path
 
 
-def model_arguments(doc: str | None, *, batch_size: int = 8) -> argparse.ArgumentParser:
+def command_line(doc: str | None, file: str) -> argparse.ArgumentParser:
+    """A benchmark's parser, named as ``python -m benchmarks <name>`` runs it and described by
+    the first line of ``doc`` (the module's docstring); ``file`` is the module's ``__file__``
+    (a study's script is ``studies/<name>/study.py``)."""
+    path = Path(file)
+    name = path.parent.name if path.stem == "study" else path.stem
+    return argparse.ArgumentParser(
+        prog=f"python -m benchmarks {name}", description=(doc or "").splitlines()[0]
+    )
+
+
+def model_arguments(doc: str | None, file: str, *, batch_size: int = 8) -> argparse.ArgumentParser:
     """The command line of a benchmark that serves one model: ``--model``, ``--precision`` and
-    ``--batch-size``, described by the first line of ``doc`` (the module's docstring)."""
-    parser = argparse.ArgumentParser(description=(doc or "").splitlines()[0])
+    ``--batch-size`` (see ``command_line``)."""
+    parser = command_line(doc, file)
     parser.add_argument("--model", default="resnet18")
     parser.add_argument("--precision", default="fp32")
     parser.add_argument("--batch-size", type=int, default=batch_size)
     return parser
 
 
-def publish(name: str, data: dict[str, Any], markdown: str) -> None:
+def load_arguments(
+    parser: argparse.ArgumentParser,
+    *,
+    clients: int = 64,
+    rounds: int = 3,
+    duration: float = 10.0,
+    warmup: float = 3.0,
+    duration_flag: str = "--duration",
+) -> argparse.ArgumentParser:
+    """The load a served benchmark offers: ``--clients``, ``--rounds`` (each with fresh
+    processes), the measured seconds (``duration_flag``), ``--warmup`` seconds and the
+    ``--images`` folder (generated photo-like JPEGs without it)."""
+    parser.add_argument("--clients", type=int, default=clients)
+    parser.add_argument("--rounds", type=int, default=rounds)
+    parser.add_argument(duration_flag, type=float, default=duration)
+    parser.add_argument("--warmup", type=float, default=warmup)
+    parser.add_argument("--images", type=Path)
+    return parser
+
+
+def publish(name: str, data: dict[str, Any], markdown: str, folder: Path = RESULTS) -> None:
     """Write the results (``write_results``), then print the report and where it went."""
-    paths = write_results(name, data, markdown)
+    paths = write_results(name, data, markdown, folder)
     print(markdown)
     print("wrote", *paths)
 

@@ -20,17 +20,17 @@ import json
 import subprocess
 import sys
 from contextlib import ExitStack
-from pathlib import Path
 from typing import Any
 
 from benchmarks import wrk
 from benchmarks.common import (
+    load_arguments,
     machine,
     machine_markdown,
     median,
     model_arguments,
+    publish,
     table,
-    write_results,
 )
 from benchmarks.corpus import corpus
 from benchmarks.loadgen import LoadSpec, run_url
@@ -191,12 +191,8 @@ same machine as the server (the cores it used are shown).
 
 
 def main() -> None:
-    parser = model_arguments(__doc__, batch_size=16)
-    parser.add_argument("--clients", type=int, default=64)
-    parser.add_argument("--rounds", type=int, default=3)
-    parser.add_argument("--duration", type=float, default=10.0)
-    parser.add_argument("--warmup", type=float, default=3.0)
-    parser.add_argument("--images", type=Path)
+    parser = model_arguments(__doc__, __file__, batch_size=16)
+    load_arguments(parser)
     parser.add_argument(
         "--set", nargs="*", default=[], help="settings for every server, e.g. top_k=1"
     )
@@ -217,9 +213,7 @@ def main() -> None:
     if args.client == "auto":
         args.client = "wrk" if wrk.available() else "httpx"
     data = run(args)
-    text = markdown(data)
-    print(text)
-    write_results(args.name or f"compare-{args.model}", data, text)
+    publish(args.name or f"compare-{args.model}", data, markdown(data))
 
 
 if __name__ == "__main__":

@@ -52,7 +52,7 @@ import torch
 
 from app.engine import ImageRequest
 from benchmarks import accuracy, offline
-from benchmarks.common import RESULTS, machine, machine_markdown, table
+from benchmarks.common import RESULTS, command_line, machine, machine_markdown, table
 from benchmarks.corpus import generate
 from benchmarks.profile import profile_batches
 from harness.pipeline_checks import (
@@ -482,7 +482,7 @@ EfficientNet-Lite0's ImageNet weights on twenty real photos:
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser = command_line(__doc__, __file__)
     parser.add_argument("--model", default="resnet50")
     parser.add_argument("--out", type=Path, default=RESULTS)
     parser.add_argument("--batch-sizes", nargs="+", type=int, default=[1, 16, 64])

@@ -11,11 +11,12 @@ Usage: ``python -m benchmarks.gpu_wheels [--dest .whl]``
 
 from __future__ import annotations
 
-import argparse
 import subprocess
 import sys
 from importlib.metadata import version
 from pathlib import Path
+
+from benchmarks.common import command_line
 
 # The distributions the device image (Python 3.12, torch 2.11, torchvision 0.26) holds, as read
 # there on 2026-11-17: anything the serving stack imports that is not here travels as a wheel.
@@ -83,7 +84,7 @@ def download(dest: Path) -> list[str]:
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser = command_line(__doc__, __file__)
     parser.add_argument("--dest", type=Path, default=Path(".whl"))
     args = parser.parse_args()
     for requirement in download(args.dest):

@@ -12,14 +12,13 @@ Usage: ``python -m benchmarks.int8_gate``
 
 from __future__ import annotations
 
-import argparse
 import tempfile
 from pathlib import Path
 from typing import Any
 
 from app.engine import REPORT, build_engine, build_int8, load_model, probabilities, read_json
 from app.settings import Settings
-from benchmarks.common import machine, machine_markdown, table, write_results
+from benchmarks.common import command_line, machine, machine_markdown, publish, table
 from tests.real_model import FACTORY, photos, write_labels
 
 MEASURES = (
@@ -107,14 +106,12 @@ total variation: half the summed probability differences, averaged. Bounds: {bou
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser = command_line(__doc__, __file__)
     parser.add_argument("--name", default="int8-gate-efficientnet-lite0")
     args = parser.parse_args()
     with tempfile.TemporaryDirectory() as folder:
         data = run(Path(folder))
-    text = markdown(data)
-    print(text)
-    write_results(args.name, data, text)
+    publish(args.name, data, markdown(data))
 
 
 if __name__ == "__main__":

@@ -18,7 +18,6 @@ Usage::
 
 from __future__ import annotations
 
-import argparse
 import asyncio
 import contextlib
 import itertools
@@ -35,7 +34,7 @@ from typing import Any
 
 import httpx
 
-from benchmarks.common import percentile, table
+from benchmarks.common import command_line, percentile, table
 from benchmarks.corpus import content_type, corpus
 from harness.promtext import Samples, ServerDelta, from_response
 
@@ -233,7 +232,7 @@ async def run_url(
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser = command_line(__doc__, __file__)
     parser.add_argument("--url", default="http://127.0.0.1:8000")
     parser.add_argument("--concurrency", type=int, default=64, help="closed loop clients")
     parser.add_argument("--rate", type=float, help="open loop: Poisson arrivals per second")

@@ -19,7 +19,6 @@ import app  # noqa: F401
 
 # isort: split
 
-import argparse
 import json
 import os
 import time
@@ -39,7 +38,7 @@ from app.engine import (
     resolve_device,
 )
 from app.settings import Settings
-from benchmarks.common import machine, machine_markdown, median, table, write_results
+from benchmarks.common import command_line, machine, machine_markdown, median, publish, table
 from benchmarks.corpus import corpus
 from preprocessing import PreparedImage
 
@@ -186,7 +185,7 @@ JPEGs; {data["decode_threads"]} decode threads (`python -m benchmarks.offline`).
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser = command_line(__doc__, __file__)
     parser.add_argument("--model", nargs="+", default=["resnet18"])
     parser.add_argument("--precision", nargs="+", default=["fp32", "bf16"])
     parser.add_argument("--batch-sizes", nargs="+", type=int, default=[1, 4, 8, 16, 32])
@@ -211,9 +210,7 @@ def main() -> None:
         return
     data = {"machine": machine(), "runs": args.runs, "seconds": args.seconds,
             "images": len(images), "decode_threads": args.decode_threads, "rows": rows}  # fmt: skip
-    text = markdown(data)
-    print(text)
-    write_results(args.name, data, text)
+    publish(args.name, data, markdown(data))
 
 
 if __name__ == "__main__":

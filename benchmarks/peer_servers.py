@@ -27,7 +27,15 @@ from typing import Any
 from app.engine import resolve_task
 from benchmarks import wrk
 from benchmarks.backends import prepare_artifacts
-from benchmarks.common import machine, machine_markdown, median, table, write_results
+from benchmarks.common import (
+    command_line,
+    load_arguments,
+    machine,
+    machine_markdown,
+    median,
+    publish,
+    table,
+)
 from benchmarks.compare import server_env, variants
 from benchmarks.corpus import corpus, generate
 from harness.servers import ROOT, ServerProcess, UvicornProcess, first_answer, free_port
@@ -226,14 +234,10 @@ Per round (images/s @{data["clients"]}; one-client p50 ms):
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser = command_line(__doc__, __file__)
     parser.add_argument("--model", default="resnet18")
     parser.add_argument("--batch-size", type=int, default=8)
-    parser.add_argument("--clients", type=int, default=64)
-    parser.add_argument("--rounds", type=int, default=3)
-    parser.add_argument("--duration", type=float, default=10.0)
-    parser.add_argument("--warmup", type=float, default=3.0)
-    parser.add_argument("--images", type=Path)
+    load_arguments(parser)
     parser.add_argument("--configs", nargs="*",
                         help="batchserve servers: name:setting=value,... (default: fp32 and "
                         "OpenVINO INT8 for a classifier; the default and unbatched for a "
@@ -245,9 +249,7 @@ def main() -> None:
         classify = resolve_task("auto", args.model) == "classify"
         args.configs = BATCHSERVE if classify else BATCHSERVE_TASKS
     data = run(args)
-    text = markdown(data)
-    print(text)
-    write_results(args.name or f"peers-{args.model}", data, text)
+    publish(args.name or f"peers-{args.model}", data, markdown(data))
     print(json.dumps(data["ratios"], indent=1))
 
 

@@ -30,8 +30,8 @@ from benchmarks.common import (
     machine_markdown,
     median,
     model_arguments,
+    publish,
     table,
-    write_results,
 )
 from benchmarks.compare import server_env
 from benchmarks.corpus import content_type, corpus
@@ -183,7 +183,7 @@ the GIL inside the server.
 
 
 def main() -> None:
-    parser = model_arguments(__doc__)
+    parser = model_arguments(__doc__, __file__)
     parser.add_argument("--batches", type=int, default=8)
     parser.add_argument("--requests", type=int, default=30)
     parser.add_argument("--images", type=Path)
@@ -210,9 +210,7 @@ def main() -> None:
             args.model, args.precision, args.batch_size, images, args.requests, settings
         ),
     }
-    text = markdown(data)
-    print(text)
-    write_results(name, data, text)
+    publish(name, data, markdown(data))
 
 
 if __name__ == "__main__":

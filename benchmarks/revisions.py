@@ -22,7 +22,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from benchmarks.common import machine, machine_markdown, median, table, write_results
+from benchmarks.common import command_line, machine, machine_markdown, median, table, write_results
 
 Measure = Callable[[dict[str, Any]], float]
 
@@ -52,7 +52,7 @@ def run_round(label: str, tree: Path, round_index: int, compare_args: list[str])
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser = command_line(__doc__, __file__)
     parser.add_argument("--tree", action="append", required=True, help="label=path")
     parser.add_argument("--rounds", type=int, default=2)
     parser.add_argument("--name", default="revisions")

@@ -120,7 +120,7 @@ B / A: **{result["median_ratio"]:.3f}** (the median of the pairs' own ratios; pa
 
 
 def main() -> None:
-    parser = model_arguments(__doc__)
+    parser = model_arguments(__doc__, __file__)
     parser.add_argument("--set", nargs="*", default=[], help="both servers' settings")
     parser.add_argument("--b", nargs="*", default=[], help="B's settings on top")
     parser.add_argument("--b-env", nargs="*", default=[], help="B's environment, NAME=value")

@@ -285,7 +285,7 @@ events, which py-spy cannot always tell from work); the other rows are Python wo
 
 
 def main() -> None:
-    parser = model_arguments(__doc__)
+    parser = model_arguments(__doc__, __file__)
     parser.add_argument("--clients", type=int, default=64)
     parser.add_argument("--seconds", type=float, default=8.0)
     parser.add_argument("--warmup", type=float, default=3.0)

@@ -229,7 +229,7 @@ Served / limit: **{data["median_ratio"]:.3f}** (the median over every pair; pair
 
 
 def main() -> None:
-    parser = model_arguments(__doc__)
+    parser = model_arguments(__doc__, __file__)
     parser.add_argument("--set", nargs="*", default=[], help="settings, e.g. backend=openvino")
     parser.add_argument("--clients", type=int, default=64)
     parser.add_argument("--seconds", type=float, default=3.0, help="counted per slice")

@@ -20,7 +20,13 @@ from typing import Any
 import httpx
 
 from benchmarks import wrk
-from benchmarks.common import machine, machine_markdown, model_arguments, table, write_results
+from benchmarks.common import (
+    machine,
+    machine_markdown,
+    model_arguments,
+    publish,
+    table,
+)
 from benchmarks.compare import server_env
 from benchmarks.corpus import corpus
 from benchmarks.loadgen import LoadSpec, run_url
@@ -144,7 +150,7 @@ own delays: it shares the machine's cores with the server. The server columns ar
 
 
 def main() -> None:
-    parser = model_arguments(__doc__)
+    parser = model_arguments(__doc__, __file__)
     parser.add_argument("--factor", type=float, default=4.0)
     parser.add_argument("--duration", type=float, default=60.0)
     parser.add_argument("--capacity", type=float, help="skip measuring it")
@@ -154,9 +160,7 @@ def main() -> None:
     parser.add_argument("--name", help="results/<name>.* (default: soak-<model>)")
     args = parser.parse_args()
     data = soak(args)
-    text = markdown(data)
-    print(text)
-    write_results(args.name or f"soak-{args.model}", data, text)
+    publish(args.name or f"soak-{args.model}", data, markdown(data))
 
 
 if __name__ == "__main__":

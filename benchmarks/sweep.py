@@ -25,7 +25,15 @@ import json
 from pathlib import Path
 from typing import Any
 
-from benchmarks.common import RESULTS, machine, machine_markdown, median, table, write_results
+from benchmarks.common import (
+    RESULTS,
+    command_line,
+    machine,
+    machine_markdown,
+    median,
+    table,
+    write_results,
+)
 from benchmarks.compare import server_env, variants
 from benchmarks.corpus import corpus
 from benchmarks.loadgen import LoadSpec, run_url
@@ -222,7 +230,7 @@ medians of {data["rounds"]} rounds, a fresh server process per configuration and
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser = command_line(__doc__, __file__)
     parser.add_argument("--model", default="resnet18")
     parser.add_argument("--precision", default="fp32")
     parser.add_argument("--rates", nargs="+", type=float, default=[20, 40, 55, 70])

@@ -13,9 +13,10 @@ import httpx
 import pytest
 import torch
 
-from benchmarks import accuracy, commits, gpu_check, handoff, offline, sweep
+from benchmarks import accuracy, commits, gpu_check, offline, sweep
 from benchmarks.corpus import generate, load
 from benchmarks.loadgen import LoadSpec, run
+from benchmarks.studies.handoff import study as handoff
 from harness.promtext import ServerDelta, parse
 from harness.servers import ROOT
 from preprocessing import read_header
@@ -244,7 +245,7 @@ def test_the_resize_benchmarks_alternatives_make_the_served_image() -> None:
     import numpy as np
 
     from app.engine.warmup import synthetic_photo
-    from benchmarks import resize
+    from benchmarks.studies.resize import study as resize
 
     image = torch.from_numpy(np.array(synthetic_photo(400, 300, 0))).permute(2, 0, 1)
     served = resize.served(image)
@@ -258,7 +259,7 @@ def test_the_resize_benchmarks_alternatives_make_the_served_image() -> None:
 
 
 def test_the_decode_benchmarks_ways_scale_as_they_say() -> None:
-    from benchmarks import decode
+    from benchmarks.studies.decode import study as decode
 
     sizes = {}
     for width, height in ((640, 480), (1024, 768), (4032, 3024)):
@@ -430,27 +431,51 @@ def test_a_failing_step_is_recorded_and_the_rest_still_run(
 
 
 def test_one_entry_point_lists_every_tool_and_study() -> None:
-    """Every runnable module of ``benchmarks`` is a tool or a study of ``python -m benchmarks``,
-    and a name that is neither is refused."""
+    """Every runnable module of ``benchmarks`` is a tool of ``python -m benchmarks``, every
+    study's script sits beside its report, and a name that is neither is refused."""
     import subprocess
     import sys
 
     from benchmarks.__main__ import STUDIES, TOOLS
 
     folder = ROOT / "benchmarks"
-    runnable = {
-        path.stem
-        for path in folder.glob("*.py")
-        if 'if __name__ == "__main__":' in path.read_text() and path.stem != "__main__"
-    }
-    assert runnable == set(TOOLS) | set(STUDIES)
-    assert not set(TOOLS) & set(STUDIES)
+    main_guard = 'if __name__ == "__main__":'
+    tools = {path.stem for path in folder.glob("*.py")
+             if main_guard in path.read_text() and path.stem != "__main__"}  # fmt: skip
+    studies = {path.parent.name for path in (folder / "studies").glob("*/study.py")}
+    assert tools == set(TOOLS)
+    assert studies == set(STUDIES)
+    assert all((folder / "studies" / name / "README.md").is_file() for name in studies)
     listed = subprocess.run([sys.executable, "-m", "benchmarks"], capture_output=True, text=True,
                             cwd=ROOT, check=True).stdout  # fmt: skip
-    assert all(f"  {name} " in listed for name in runnable)
+    assert all(f"  {name} " in listed for name in tools | studies)
+    helped = subprocess.run([sys.executable, "-m", "benchmarks", "handoff", "--help"],
+                            capture_output=True, text=True, cwd=ROOT)  # fmt: skip
+    assert helped.returncode == 0
+    assert "--rounds" in helped.stdout
     wrong = subprocess.run([sys.executable, "-m", "benchmarks", "nothing"], capture_output=True,
                            text=True, cwd=ROOT)  # fmt: skip
     assert wrong.returncode == 2
+
+
+def test_every_result_file_is_linked_from_a_page() -> None:
+    """A figure that no page, report or README links to is not kept: each result file under
+    ``benchmarks/`` is named by the docs, the README, a study's report or another result."""
+    import re
+
+    pages = [*(ROOT / "docs").glob("*.md"), ROOT / "README.md",
+             *(ROOT / "benchmarks").glob("**/*.md")]  # fmt: skip
+    texts = {page: page.read_text() for page in pages}
+    results = [path for path in (ROOT / "benchmarks").glob("**/*")
+               if path.suffix in (".md", ".json", ".png") and path.name != "README.md"
+               and ("results" in path.parts or "studies" in path.parts)]  # fmt: skip
+    unlinked = []
+    for path in results:
+        stem = re.escape(path.name.rsplit(".", 1)[0])
+        if not any(re.search(rf"(^|[/(]){stem}\.(md|json|png)", text, re.M)
+                   for page, text in texts.items() if page != path):  # fmt: skip
+            unlinked.append(str(path.relative_to(ROOT)))
+    assert not unlinked
 
 
 def test_a_round_where_the_peer_answered_nothing_has_no_ratio() -> None:

@@ -104,7 +104,7 @@ def test_phone_photos_decoded_scaled_keep_their_answers() -> None:
     JPEG 90): decoded scaled in the DCT or whole, efficientnet-lite0 gives the same top class
     for every one, and probabilities within bounds measured here (over all twenty: largest
     difference 0.061, mean total variation 0.026 on an Intel Xeon and an AMD EPYC, see
-    ``benchmarks.decode``; a decoder change moves them more than fp32's 1e-3 start-up
+    ``benchmarks/studies/decode``; a decoder change moves them more than fp32's 1e-3 start-up
     tolerance, as re-encoding a JPEG does)."""
     from tests.real_model import efficientnet_lite0, phone_photo, whole_and_scaled
 

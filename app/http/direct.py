@@ -4,7 +4,7 @@ Every other route goes through FastAPI's router (a scan of every route with vers
 bookkeeping of included routers), Starlette's exception middleware and
 prometheus-fastapi-instrumentator (which looks the route up once more, even for the routes it
 excludes). On a small CPU that cost a prediction about 0.1 ms of the event loop's time
-(``benchmarks.event_loop``), on the thread every request and every batch hand-off needs. Here
+(the ``event_loop`` study), on the thread every request and every batch hand-off needs. Here
 ``POST`` to a prediction route runs its handler at once, with a Starlette ``Request`` and the
 same error answers (``answer_error``, the one mapping). FastAPI still documents the routes,
 and answers every other method on their paths (405) as before.

@@ -7,7 +7,7 @@ drives them closed loop: at many clients the load is split evenly between the wo
 wrk per port, as a round-robin balancer would), at one client a lone client talks to one
 worker. Medians over rounds.
 
-Usage: ``python -m benchmarks.workers --model resnet18 --rounds 3``
+Usage: ``python -m benchmarks workers --model resnet18 --rounds 3``
 """
 
 from __future__ import annotations
@@ -20,16 +20,19 @@ from typing import Any
 
 from benchmarks import wrk
 from benchmarks.common import (
+    load_arguments,
     machine,
     machine_markdown,
     median,
     model_arguments,
+    publish,
     table,
-    write_results,
 )
 from benchmarks.compare import server_env
 from benchmarks.corpus import corpus
 from harness.servers import UvicornProcess
+
+HERE = Path(__file__).resolve().parent  # the study's report and its runs
 
 
 def drive(urls: list[str], images: list[bytes], clients: int, args: argparse.Namespace
@@ -86,7 +89,7 @@ def markdown(data: dict[str, Any]) -> str:
     title = f"{data['model']} {data['precision']}, batch {data['batch_size']}"
     return f"""# Workers on one host: {title}
 
-`python -m benchmarks.workers`: one worker with every CPU against {data["workers"]} workers
+`python -m benchmarks workers`: one worker with every CPU against {data["workers"]} workers
 pinned to a share each (`WORKERS` / `WORKER_INDEX`), at {data["clients"]} clients (split
 evenly over the workers) and at 1; medians of {data["rounds"]} rounds of {data["duration_s"]} s
 with fresh processes. Throughput is the sum over the workers; p99 the worst of them.
@@ -100,19 +103,13 @@ with fresh processes. Throughput is the sum over the workers; p99 the worst of t
 
 
 def main() -> None:
-    parser = model_arguments(__doc__)
+    parser = model_arguments(__doc__, __file__)
     parser.add_argument("--workers", type=int, default=2)
-    parser.add_argument("--clients", type=int, default=64)
-    parser.add_argument("--rounds", type=int, default=3)
-    parser.add_argument("--duration", type=float, default=10.0)
-    parser.add_argument("--warmup", type=float, default=3.0)
-    parser.add_argument("--images", type=Path)
+    load_arguments(parser)
     parser.add_argument("--name", help="results/<name>.* (default: workers-<model>)")
     args = parser.parse_args()
     data = run(args)
-    text = markdown(data)
-    print(text)
-    write_results(args.name or f"workers-{args.model}", data, text)
+    publish(args.name or f"workers-{args.model}", data, markdown(data), folder=HERE)
 
 
 if __name__ == "__main__":

@@ -7,7 +7,7 @@ each builds the model's versions anew, switches, then frees the old ones. After 
 the process's resident memory is read from ``/metrics``; the report gives each reload's time
 and RSS, every answer's status, and RSS growth from the fifth reload to the last.
 
-Usage: ``python -m benchmarks.reload --model resnet18 --reloads 20``
+Usage: ``python -m benchmarks reload --model resnet18 --reloads 20``
 """
 
 from __future__ import annotations
@@ -22,10 +22,12 @@ from typing import Any
 import httpx
 
 from benchmarks import wrk
-from benchmarks.common import machine, machine_markdown, table, write_results
+from benchmarks.common import command_line, machine, machine_markdown, publish, table
 from benchmarks.corpus import corpus
 from harness.promtext import parse, value
 from harness.servers import UvicornProcess
+
+HERE = Path(__file__).resolve().parent  # the study's report and its runs
 
 
 def rss(url: str) -> float:
@@ -77,7 +79,7 @@ def markdown(data: dict[str, Any]) -> str:
     errors = load.get("errors") or "none"
     return f"""# Reload under load: {data["model"]}
 
-`python -m benchmarks.reload --model {data["model"]}`: {len(data["reloads"])} reloads of one
+`python -m benchmarks reload --model {data["model"]}`: {len(data["reloads"])} reloads of one
 model (version 1 built anew each time, then switched, the old one freed) while
 {data["clients"]} wrk clients send `/predict` without pause.
 
@@ -96,7 +98,7 @@ model (version 1 built anew each time, then switched, the old one freed) while
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser = command_line(__doc__, __file__)
     parser.add_argument("--model", default="resnet18")
     parser.add_argument("--reloads", type=int, default=20)
     parser.add_argument("--clients", type=int, default=16)
@@ -105,9 +107,7 @@ def main() -> None:
     parser.add_argument("--name", help="results/<name>.* (default: reload-<model>)")
     args = parser.parse_args()
     data = run(args)
-    text = markdown(data)
-    print(text)
-    write_results(args.name or f"reload-{args.model}", data, text)
+    publish(args.name or f"reload-{args.model}", data, markdown(data), folder=HERE)
 
 
 if __name__ == "__main__":

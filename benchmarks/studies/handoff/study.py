@@ -6,7 +6,7 @@ jobs (a few microseconds of Python each) to two threads, at most two at a time a
 pool runs them, through each way; ``time.thread_time()`` of the event loop's thread divided
 by the jobs is its CPU per hand-off.
 
-Usage: ``python -m benchmarks.handoff``.
+Usage: ``python -m benchmarks handoff``.
 """
 
 from __future__ import annotations
@@ -16,12 +16,15 @@ import asyncio
 import time
 from collections.abc import Awaitable, Callable
 from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
 from typing import Any
 
 import uvloop
 
 from batching.threads import LoopThreads
-from benchmarks.common import machine, machine_markdown, median, publish, table
+from benchmarks.common import command_line, machine, machine_markdown, median, publish, table
+
+HERE = Path(__file__).resolve().parent  # the study's report and its runs
 
 WORKERS = 2
 
@@ -82,7 +85,7 @@ def markdown(data: dict[str, Any]) -> str:
     )
     return f"""# The event loop's CPU per thread hand-off
 
-`python -m benchmarks.handoff`: {data["jobs"]} jobs per round from {data["clients"]}
+`python -m benchmarks handoff`: {data["jobs"]} jobs per round from {data["clients"]}
 coroutines to {WORKERS} threads, medians of {data["rounds"]} alternating rounds in one process
 on uvloop.
 
@@ -97,7 +100,7 @@ Rounds (µs): {rounds}.
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser = command_line(__doc__, __file__)
     parser.add_argument("--jobs", type=int, default=20000)
     parser.add_argument("--clients", type=int, default=64)
     parser.add_argument("--rounds", type=int, default=5)
@@ -106,7 +109,7 @@ def main() -> None:
     samples = uvloop.run(measure(args))
     data = {"machine": machine(), "jobs": args.jobs, "clients": args.clients,
             "rounds": args.rounds, "samples": samples}  # fmt: skip
-    publish(args.name, data, markdown(data))
+    publish(args.name, data, markdown(data), folder=HERE)
 
 
 if __name__ == "__main__":

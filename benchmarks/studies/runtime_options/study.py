@@ -7,12 +7,11 @@ Forward passes only (a ready input batch), several rounds, medians:
 - OpenVINO: the LATENCY hint with one caller vs the THROUGHPUT hint with two callers at once
   (what ``MAX_INFLIGHT_BATCHES=2`` gives), and synchronous ``infer`` vs asynchronous requests.
 
-Usage: ``python -m benchmarks.runtime_options --model resnet50``
+Usage: ``python -m benchmarks runtime_options --model resnet50``
 """
 
 from __future__ import annotations
 
-import argparse
 import tempfile
 import threading
 import time
@@ -25,7 +24,9 @@ import torch
 
 from app.engine import ONNX_FILE, OPENVINO_FILE, convert_to_openvino, export_onnx, load_model
 from app.settings import Settings
-from benchmarks.common import machine, machine_markdown, median, table, write_results
+from benchmarks.common import command_line, machine, machine_markdown, median, table, write_results
+
+HERE = Path(__file__).resolve().parent  # the study's report and its runs
 
 
 def rate(work: Callable[[], int], seconds: float) -> float:
@@ -129,7 +130,7 @@ def openvino_options(path: Path, batch: np.ndarray[Any, Any], threads: int,
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser = command_line(__doc__, __file__)
     parser.add_argument("--model", default="resnet50")
     parser.add_argument("--batch-size", type=int, default=8)
     parser.add_argument("--seconds", type=float, default=4.0)
@@ -163,7 +164,7 @@ def main() -> None:
             "samples": samples}  # fmt: skip
     text = f"""# Runtime options: {args.model}, batch {args.batch_size}, {threads} threads
 
-`python -m benchmarks.runtime_options`: forward passes on a ready batch, medians of
+`python -m benchmarks runtime_options`: forward passes on a ready batch, medians of
 {args.rounds} rounds of {args.seconds} s.
 
 {table(["option", "images/s"], [[k, v] for k, v in medians.items()])}
@@ -173,7 +174,7 @@ def main() -> None:
 {machine_markdown(data["machine"])}
 """
     print(text)
-    write_results(args.name or f"runtime-options-{args.model}", data, text)
+    write_results(args.name or f"runtime-options-{args.model}", data, text, folder=HERE)
 
 
 if __name__ == "__main__":

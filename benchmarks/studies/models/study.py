@@ -7,7 +7,7 @@ processes). Both models run their forward passes on the same CPU one at a time (
 device), so the pair should serve about what one model serves, split between them, with
 batches about half as full.
 
-Usage: ``python -m benchmarks.models --model resnet18 --rounds 2``
+Usage: ``python -m benchmarks models --model resnet18 --rounds 2``
 """
 
 from __future__ import annotations
@@ -19,9 +19,19 @@ from pathlib import Path
 from typing import Any
 
 from benchmarks import wrk
-from benchmarks.common import machine, machine_markdown, median, table, write_results
+from benchmarks.common import (
+    command_line,
+    load_arguments,
+    machine,
+    machine_markdown,
+    median,
+    publish,
+    table,
+)
 from benchmarks.corpus import corpus
 from harness.servers import UvicornProcess
+
+HERE = Path(__file__).resolve().parent  # the study's report and its runs
 
 
 def repository(root: Path, names: list[str], model: str, batch_size: int) -> Path:
@@ -104,7 +114,7 @@ def markdown(data: dict[str, Any]) -> str:
         rows.append([layout, "together", m["served"], "", "", ""])
     return f"""# Two busy models against one: {data["model"]}
 
-`python -m benchmarks.models --model {data["model"]}`: {data["clients"]} wrk clients on one
+`python -m benchmarks models --model {data["model"]}`: {data["clients"]} wrk clients on one
 model, or {data["clients"] // 2} on each of two (same architecture, each its own engine and
 batcher, batches up to {data["batch_size"]}); medians of {data["rounds"]} rounds of
 {data["seconds"]} s, fresh processes every round. Forward passes of the two models on one CPU
@@ -121,20 +131,14 @@ Two models together serve **{data["two_over_one"]:.2f}x** what one model serves 
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser = command_line(__doc__, __file__)
     parser.add_argument("--model", default="resnet18")
     parser.add_argument("--batch-size", type=int, default=8)
-    parser.add_argument("--clients", type=int, default=64)
-    parser.add_argument("--rounds", type=int, default=2)
-    parser.add_argument("--seconds", type=float, default=10.0)
-    parser.add_argument("--warmup", type=float, default=3.0)
-    parser.add_argument("--images", type=Path)
+    load_arguments(parser, rounds=2, duration_flag="--seconds")
     parser.add_argument("--name", help="results/<name>.* (default: models-<model>)")
     args = parser.parse_args()
     data = run(args)
-    text = markdown(data)
-    print(text)
-    write_results(args.name or f"models-{args.model}", data, text)
+    publish(args.name or f"models-{args.model}", data, markdown(data), folder=HERE)
 
 
 if __name__ == "__main__":

@@ -7,7 +7,7 @@ between rounds. Each loop is a fresh client process (``tritonclient.http.aio`` f
 images/s, latency and its own CPU time per call: on one machine the client's CPU is taken from
 the server's, so a cheaper client is part of what a protocol saves.
 
-Usage: ``python -m benchmarks.grpc_rest --model resnet18 --rounds 3``
+Usage: ``python -m benchmarks grpc_rest --model resnet18 --rounds 3``
 """
 
 from __future__ import annotations
@@ -25,6 +25,7 @@ from typing import Any
 import numpy as np
 
 from benchmarks.common import (
+    command_line,
     machine,
     machine_markdown,
     median,
@@ -34,6 +35,8 @@ from benchmarks.common import (
 )
 from benchmarks.corpus import corpus
 from harness.servers import UvicornProcess
+
+HERE = Path(__file__).resolve().parent  # the study's report and its runs
 
 PROTOCOLS = ("rest", "grpc")
 MODEL_NAME = "model"
@@ -110,7 +113,8 @@ def client_main(args: argparse.Namespace) -> None:
 def _measure(server: UvicornProcess, protocol: str, clients: int, args: argparse.Namespace) -> Any:
     target = server.grpc_target if protocol == "grpc" else server.url.removeprefix("http://")
     command = [
-        sys.executable, "-m", "benchmarks.grpc_rest", "client", "--protocol", protocol,
+        sys.executable, "-m", "benchmarks.studies.grpc_rest.study", "client",
+        "--protocol", protocol,
         "--target", target, "--clients", str(clients), "--warmup", str(args.warmup),
         "--seconds", str(args.seconds),
     ]  # fmt: skip
@@ -169,7 +173,7 @@ def markdown(data: dict[str, Any]) -> str:
     return "\n".join([
         f"# REST against gRPC: {args['model']} ({args['backend']}), batch {args['batch_size']}",
         "",
-        f"`python -m benchmarks.grpc_rest --model {args['model']}`: medians of {args['rounds']} "
+        f"`python -m benchmarks grpc_rest --model {args['model']}`: medians of {args['rounds']} "
         f"rounds (a fresh server each round, the protocol order alternating), {args['seconds']} s "
         "closed loops after "
         f"{args['warmup']} s of warm-up, one JPEG per call through Triton's own asyncio clients "
@@ -185,7 +189,7 @@ def markdown(data: dict[str, Any]) -> str:
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser = command_line(__doc__, __file__)
     sub = parser.add_subparsers(dest="command")
     client = sub.add_parser("client", help="one closed loop (run by the benchmark itself)")
     client.add_argument("--protocol", choices=PROTOCOLS, required=True)
@@ -207,7 +211,7 @@ def main() -> None:
         return
     data = run(args)
     name = args.name or f"grpc-rest-{args.model}"
-    publish(name, data, markdown(data))
+    publish(name, data, markdown(data), folder=HERE)
 
 
 if __name__ == "__main__":

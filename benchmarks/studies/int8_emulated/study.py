@@ -10,12 +10,11 @@ whose ``vpmaddubsw`` saturates as the real instruction does), through
 ``benchmarks/int8_evaluate.py``. Needs ``qemu-user`` (Debian: ``apt-get install qemu-user``);
 the emulated runs take minutes.
 
-Usage: ``python -m benchmarks.int8_emulated``
+Usage: ``python -m benchmarks int8_emulated``
 """
 
 from __future__ import annotations
 
-import argparse
 import shutil
 import subprocess
 import sys
@@ -43,8 +42,10 @@ from app.engine import (
     verdict,
 )
 from app.settings import Settings
-from benchmarks.common import machine, machine_markdown, table, write_results
+from benchmarks.common import command_line, machine, machine_markdown, publish, table
 from tests.real_model import FACTORY, photos, write_labels
+
+HERE = Path(__file__).resolve().parent  # the study's report and its runs
 
 EMULATED = ["qemu-x86_64", "-cpu", "Haswell"]
 SHOWN = ("confident_top1_agreement", "plausible_top1", "mean_total_variation",
@@ -115,7 +116,7 @@ def markdown(data: dict[str, Any]) -> str:
         lines.append(line)
     return f"""# INT8 accuracy across CPU classes: {data["model"]}
 
-`python -m benchmarks.int8_emulated`. Each runtime's INT8 model is built twice, with the
+`python -m benchmarks int8_emulated`. Each runtime's INT8 model is built twice, with the
 recipes of this CPU's INT8 class (**{here}**) and with those of the other kind, then judged
 against eager fp32 PyTorch on the held-out photos and their variants, here and under
 `qemu-x86_64 -cpu Haswell` (AVX2 without VNNI, emulated: its `vpmaddubsw` saturates like the
@@ -131,7 +132,7 @@ largest probability difference, with the default `INT8_GATE_*` bounds.
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser = command_line(__doc__, __file__)
     parser.add_argument("--runtimes", nargs="+", default=["onnxruntime", "openvino"])
     parser.add_argument("--name", default="int8-emulated-efficientnet-lite0")
     args = parser.parse_args()
@@ -140,9 +141,7 @@ def main() -> None:
         raise SystemExit(2)
     with tempfile.TemporaryDirectory() as folder:
         data = run(Path(folder), args.runtimes)
-    text = markdown(data)
-    print(text)
-    write_results(args.name, data, text)
+    publish(args.name, data, markdown(data), folder=HERE)
 
 
 if __name__ == "__main__":

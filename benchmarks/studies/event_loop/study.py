@@ -12,7 +12,7 @@ sends ``--requests`` images from ``--clients`` concurrent callers in two ways:
 request: decoding and batches run in other threads and are not counted. The difference is
 what the HTTP layers cost the event loop per request.
 
-Usage: ``python -m benchmarks.event_loop --model tests.models:color_classifier`` (needs the
+Usage: ``python -m benchmarks event_loop --model tests.models:color_classifier`` (needs the
 ``dev`` extra, for asgi-lifespan and the test models).
 """
 
@@ -22,6 +22,7 @@ import argparse
 import asyncio
 import time
 from collections.abc import Awaitable, Callable
+from pathlib import Path
 from typing import Any
 
 import uvloop
@@ -32,8 +33,10 @@ from app.main import create_app
 from app.serving.inference import InferenceRequest, Inputs, ModelFacts, Parsed, Reserve
 from app.serving.predict import Predictor
 from app.settings import Settings
-from benchmarks.common import machine, machine_markdown, median, publish, table
+from benchmarks.common import command_line, machine, machine_markdown, median, publish, table
 from benchmarks.corpus import corpus
+
+HERE = Path(__file__).resolve().parent  # the study's report and its runs
 
 
 async def through_app(app: ASGIApp, data: bytes) -> None:
@@ -133,7 +136,7 @@ def markdown(data: dict[str, Any]) -> str:
     ]
     return f"""# The event loop's CPU per prediction: {data["model"]}
 
-`python -m benchmarks.event_loop --model {data["model"]}`: {data["requests"]} requests per
+`python -m benchmarks event_loop --model {data["model"]}`: {data["requests"]} requests per
 round from {data["clients"]} concurrent callers, batch {data["batch_size"]}, medians of
 {data["rounds"]} alternating rounds in one process. No sockets: uvicorn's own reading,
 parsing and writing are not counted.
@@ -150,7 +153,7 @@ Rounds (µs): app {", ".join(f"{v:.0f}" for v in data["samples"]["app"])}; core
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser = command_line(__doc__, __file__)
     parser.add_argument("--model", default="tests.models:color_classifier")
     parser.add_argument("--batch-size", type=int, default=8)
     parser.add_argument("--clients", type=int, default=64)
@@ -162,7 +165,7 @@ def main() -> None:
     data = {"machine": machine(), "model": args.model, "batch_size": args.batch_size,
             "clients": args.clients, "requests": args.requests, "rounds": args.rounds,
             "samples": samples}  # fmt: skip
-    publish(args.name, data, markdown(data))
+    publish(args.name, data, markdown(data), folder=HERE)
 
 
 if __name__ == "__main__":

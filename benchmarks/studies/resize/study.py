@@ -14,7 +14,7 @@ Medians of ``--rounds`` rounds over ``--images`` photo-like JPEGs per size, the 
 interleaved in each round; the largest pixel difference from the served resize (0..255) and
 the share of values that differ.
 
-Usage: ``python -m benchmarks.resize --rounds 5``
+Usage: ``python -m benchmarks resize --rounds 5``
 """
 
 from __future__ import annotations
@@ -22,6 +22,7 @@ from __future__ import annotations
 import argparse
 import time
 from collections.abc import Callable
+from pathlib import Path
 from typing import Any
 
 import numpy as np
@@ -29,10 +30,12 @@ import torch
 from PIL import Image
 from torch.nn.functional import interpolate
 
-from benchmarks.common import machine, machine_markdown, median, publish, table
-from benchmarks.decode import SIZES, jpegs
+from benchmarks.common import command_line, machine, machine_markdown, median, publish, table
+from benchmarks.studies.decode.study import SIZES, jpegs
 from preprocessing import decode_cpu, read_header
 from preprocessing.transforms import Interpolation, resize, resized_size
+
+HERE = Path(__file__).resolve().parent  # the study's report and its runs
 
 SHORT_SIDE = 256
 Resize = Callable[[torch.Tensor], torch.Tensor]
@@ -110,7 +113,7 @@ def markdown(data: dict[str, Any]) -> str:
     headers = ["JPEG", "decoded", "resize", "ms", "vs served", "max difference", "values differing"]
     return f"""# Resizing per image: the served resize and its alternatives
 
-`python -m benchmarks.resize`: the shorter side of {data["images"]} photo-like JPEGs per size,
+`python -m benchmarks resize`: the shorter side of {data["images"]} photo-like JPEGs per size,
 decoded as the server decodes them (scaled in the DCT where large enough), resized to
 {SHORT_SIDE} on one thread; medians of {data["rounds"]} rounds, the methods interleaved.
 Differences are from the served resize, in 0..255 pixel values.
@@ -124,13 +127,13 @@ Differences are from the served resize, in 0..255 pixel values.
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser = command_line(__doc__, __file__)
     parser.add_argument("--rounds", type=int, default=5)
     parser.add_argument("--images", type=int, default=6)
     parser.add_argument("--name", default="resize")
     args = parser.parse_args()
     data = run(args)
-    publish(args.name, data, markdown(data))
+    publish(args.name, data, markdown(data), folder=HERE)
 
 
 if __name__ == "__main__":

@@ -10,7 +10,7 @@ use. Per configuration and way, in a fresh process each round:
 - **batches**: ``run_batch`` on prepared images (collate, forward, top classes), no decoding;
 - **pipelined**: the next batch decoded while this one runs (``benchmarks.offline``'s limit).
 
-Usage: ``python -m benchmarks.torch_threads --model resnet18``
+Usage: ``python -m benchmarks torch_threads --model resnet18``
 """
 
 from __future__ import annotations
@@ -29,10 +29,12 @@ import torch
 from app.cpus import available_cpus
 from app.engine import ImageRequest
 from benchmarks.backends import prepare_artifacts, set_arguments
-from benchmarks.common import machine, machine_markdown, median, publish, table
+from benchmarks.common import command_line, machine, machine_markdown, median, publish, table
 from benchmarks.compare import server_env, variants
 from benchmarks.corpus import generate
 from benchmarks.offline import _rate, forward_only, make_engine, pipelined
+
+HERE = Path(__file__).resolve().parent  # the study's report and its runs
 
 DEFAULT_CONFIGS = [
     "openvino int8:backend=openvino,precision=int8",
@@ -71,13 +73,14 @@ def child(
 def run_child(
     model: str, batch_size: int, seconds: float, way: str, settings: dict[str, str]
 ) -> dict[str, float]:
-    command = [sys.executable, "-m", "benchmarks.torch_threads", "--child", way, "--model", model,
+    command = [sys.executable, "-m", "benchmarks.studies.torch_threads.study",
+               "--child", way, "--model", model,
                "--precision", settings.get("BATCHSERVE_PRECISION", "fp32"),
                "--batch-size", str(batch_size), "--seconds", str(seconds),
                *set_arguments(settings)]  # fmt: skip
     result = subprocess.run(command, capture_output=True, text=True)
     if result.returncode != 0:
-        raise RuntimeError(f"benchmarks.torch_threads failed:\n{result.stderr[-3000:]}")
+        raise RuntimeError(f"benchmarks torch_threads failed:\n{result.stderr[-3000:]}")
     rates: dict[str, float] = json.loads(result.stdout.strip().splitlines()[-1])
     return rates
 
@@ -145,7 +148,7 @@ def markdown(data: dict[str, Any]) -> str:
     )
     return f"""# torch's threads beside a runtime: {data["model"]}, batch {data["batch_size"]}
 
-`python -m benchmarks.torch_threads`: medians of {data["rounds"]} rounds, a fresh process per
+`python -m benchmarks torch_threads`: medians of {data["rounds"]} rounds, a fresh process per
 configuration, way and round, {data["seconds"]} s per figure. "served": torch on one thread in
 the batches and the decode threads; "every cpu": torch's default OpenMP team in both.
 
@@ -158,7 +161,7 @@ the batches and the decode threads; "every cpu": torch's default OpenMP team in 
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser = command_line(__doc__, __file__)
     parser.add_argument("--model", default="resnet18")
     parser.add_argument("--batch-size", type=int, default=8)
     parser.add_argument("--seconds", type=float, default=3.0)
@@ -174,7 +177,7 @@ def main() -> None:
         child(args.model, args.precision, args.batch_size, args.seconds, args.child, extra)
         return
     data = run(args)
-    publish(args.name or f"torch-threads-{args.model}", data, markdown(data))
+    publish(args.name or f"torch-threads-{args.model}", data, markdown(data), folder=HERE)
 
 
 if __name__ == "__main__":

@@ -1,0 +1,1 @@
+"""One question each: what a change gained, a suspect cleared, a choice measured."""
