@@ -188,7 +188,7 @@ def torch_threads_in_batches(backend: Backend, config: ModelConfig) -> int:
     next job while the runtime's own threads start the forward pass on the same cores: on two
     cores, resnet18's batches in OpenVINO INT8 ran at 0.72x its forward pass that way, at
     0.87x with torch on one thread, and 1.15x as many images/s with decoding beside them
-    (``benchmarks/results/torch-threads-resnet18.md``).
+    (``benchmarks/studies/torch_threads/``).
     """
     if backend.name == "torch" or backend.device.type != "cpu":
         return config.threads

@@ -1,7 +1,7 @@
 """ONNX Runtime: an exported ONNX model (fp32, or INT8 with QDQ nodes) in an InferenceSession.
 
 Tuned rather than default: every graph optimisation (1.4-1.5x the basic level on resnet50
-here, see ``benchmarks/results/runtime-options-resnet50.md``), intra-op threads from the server's
+here, see ``benchmarks/studies/runtime_options/``), intra-op threads from the server's
 thread budget (one inter-op thread: the engine runs one batch at a time), and no copies: on
 a CPU the slot's input batch goes in as a NumPy view of its memory and the logits come back as
 one (I/O binding measured no faster there), on CUDA I/O binding reads the slot's device batch

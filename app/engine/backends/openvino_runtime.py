@@ -9,7 +9,7 @@ the threads: resnet18 ran at 61 images/s that way against 113 with ``LATENCY`` o
 EPYC. Requests run with the synchronous ``infer`` (which releases the GIL): asynchronous
 requests were no faster over two runs, and on two cores the THROUGHPUT hint with two callers
 was slower than LATENCY with one
-(``benchmarks/results/runtime-options-resnet50.md``). The inference precision is pinned:
+(``benchmarks/studies/runtime_options/``). The inference precision is pinned:
 OpenVINO would otherwise pick bf16 by itself on CPUs that have it.
 """
 
