@@ -14,11 +14,18 @@ import httpx
 import numpy as np
 import orjson
 import pytest
+import torch
 from PIL import Image, ImageDraw
+from torch import nn
 
-from app.engine import ModelLoadError, load_model
+from app.engine import ModelLoadError, build_engine, load_model
+from app.engine.checks.startup_check import CHECK_RECORD
+from app.engine.errors import CheckFailedError
+from app.engine.model.export import ONNX_FILE, export_onnx
+from app.engine.tasks.outputs import segmentation
 from tests.checks import metric
 from tests.conftest import make_settings, serve
+from tests.models import bright_segmenter, mean_color_encoder
 
 DETECTOR = "tests.models:bright_box_detector"
 SIZE = 64  # the models' input side: small, so that letterboxing moves boxes a lot
@@ -233,6 +240,67 @@ async def test_embeddings_are_the_features_the_pixels_give(normalize: bool) -> N
         assert models[0]["letterbox"] is False
         text = (await client.get("/metrics")).text
         assert metric(text, 'batchserve_model_info{task="embed"}') == 1
+
+
+@pytest.mark.parametrize("backend", ["onnxruntime", "openvino"])
+async def test_segmenters_and_encoders_served_by_a_runtime(tmp_path: Path, backend: str) -> None:
+    """Exported like a classifier, and checked at start-up in the task's own terms: the share
+    of pixels with eager PyTorch's class, the cosine of the vectors."""
+    size, box = SHAPES[0]
+    settings = make_settings(model="tests.models:bright_segmenter", image_size=SIZE,
+                             task="segment", backend=backend, artifacts_dir=tmp_path)  # fmt: skip
+    async with serve(settings) as (_, client):
+        (model,) = (await client.get("/v1/models")).json()["models"]
+        answer = await client.post("/predict", content=picture(size, box),
+                                   headers={"content-type": "image/png"})  # fmt: skip
+    assert model["backend"]["name"] == backend
+    assert model["backend"]["artifact"].startswith(str(tmp_path))
+    assert model["check"]["passed"] is True
+    assert model["check"]["min_pixel_agreement"] == 1.0
+    mask = mask_of(base64.b64decode(answer.json()["mask"]))
+    wrong = np.count_nonzero(mask != expected_mask(size, box))
+    assert wrong <= 2 * (box[2] - box[0] + box[3] - box[1]) * tolerance(size)
+
+    settings = make_settings(model="tests.models:mean_color_encoder", image_size=SIZE,
+                             task="embed", backend=backend, artifacts_dir=tmp_path)  # fmt: skip
+    color = (200, 30, 90)
+    want = np.tile((np.array(color) / 255 - MEAN) / STD, 4)
+    async with serve(settings) as (_, client):
+        (model,) = (await client.get("/v1/models")).json()["models"]
+        answer = await client.post("/predict", content=solid(color, (120, 80)),
+                                   headers={"content-type": "image/png"})  # fmt: skip
+    assert model["backend"]["name"] == backend
+    assert model["check"]["min_cosine"] > 0.9999
+    np.testing.assert_allclose(answer.json()["embedding"], want / np.linalg.norm(want), atol=1e-4)
+
+
+class Swapped(nn.Module):
+    """The bright segmenter with its two classes swapped: what a broken export would compute."""
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return -segmentation(bright_segmenter()(x))
+
+
+class Negated(nn.Module):
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return -mean_color_encoder()(x)  # type: ignore[no-any-return]
+
+
+@pytest.mark.parametrize(("task", "model", "broken", "figure"), [
+    ("segment", "tests.models:bright_segmenter", Swapped(), "pixel_agreement"),
+    ("embed", "tests.models:mean_color_encoder", Negated(), "cosine"),
+])  # fmt: skip
+def test_an_export_that_answers_otherwise_stops_start_up(
+    tmp_path: Path, task: str, model: str, broken: nn.Module, figure: str
+) -> None:
+    settings = make_settings(model=model, image_size=SIZE, task=task, backend="onnxruntime",
+                             artifacts_dir=tmp_path)  # fmt: skip
+    build_engine(settings.own_model())
+    (folder,) = [path for path in tmp_path.iterdir() if (path / ONNX_FILE).is_file()]
+    (folder / CHECK_RECORD).unlink()  # the verdict kept for the good export
+    export_onnx(broken, (3, SIZE, SIZE), folder / ONNX_FILE)
+    with pytest.raises(CheckFailedError, match=f"disagrees with eager PyTorch.*{figure}"):
+        build_engine(settings.own_model())
 
 
 def test_a_torchvision_classifier_becomes_an_encoder_of_its_penultimate_features() -> None:

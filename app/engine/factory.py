@@ -151,10 +151,10 @@ def _engine_for(
     build.failures_of = failures_of
     if loaded.task != "classify":
         _check_task_support(config, loaded.task, device)
-    if config.backend == "auto" and loaded.task != "classify":
+    if config.backend == "auto" and loaded.task == "detect":
         backend = _build_backend(config.with_backend("torch"), loaded, build)
         backend.choice = {"chosen": "torch", "precision": backend.precision,
-                          "reason": f"TASK={loaded.task} runs on PyTorch"}  # fmt: skip
+                          "reason": "TASK=detect runs on PyTorch"}  # fmt: skip
     elif config.backend == "auto":
         spent_before = _spent_elsewhere(phases)
         choosing = time.perf_counter()
@@ -163,7 +163,8 @@ def _engine_for(
             lambda name, precision: _build_backend(
                 config.with_backend(name, precision), loaded, build, own_copy=True
             ),
-            lambda name: int8_ready(config.with_backend(name, "int8"), loaded),
+            lambda name: loaded.task == "classify"
+            and int8_ready(config.with_backend(name, "int8"), loaded),
             failures_of, device_lock, build.machine,
         )  # fmt: skip
         # Measuring (and building the candidates that lost) is the choice's own time.
@@ -218,9 +219,11 @@ def _server_nms(config: ModelConfig, loaded: LoadedModel) -> float | None:
 
 
 def _check_task_support(config: ModelConfig, task: str, device: torch.device) -> None:
-    """What a task other than classification is served with: PyTorch, and on a CPU fp32
-    (its start-up check in bf16, and its export to the runtimes, are the classifiers' alone)."""
-    if config.backend not in ("auto", "torch"):
+    """What a task other than classification is served with: a detector by PyTorch (its
+    outputs have data-dependent sizes, which the export does not take), a segmenter or an
+    encoder by any backend; on a CPU in fp32 (INT8 and its gate, and bf16's measured choice,
+    are the classifiers' alone)."""
+    if task == "detect" and config.backend not in ("auto", "torch"):
         raise StartupError(
             f"TASK={task} is served by BACKEND=torch (or auto), not BACKEND={config.backend}"
         )
@@ -296,7 +299,8 @@ def runtime_precisions(
 
 def _runtime_backend(config: ModelConfig, loaded: LoadedModel, build: _Build) -> Backend:
     device, batching, phases = build.device, build.batching, build.phases
-    precisions = runtime_precisions(config, device, build.machine.native_bf16)
+    native_bf16 = build.machine.native_bf16 and loaded.task == "classify"
+    precisions = runtime_precisions(config, device, native_bf16)
     root = config.artifacts_dir
     gate = None
     with phases.phase("artefacts"):  # found, or exported, converted or quantised now

@@ -77,6 +77,7 @@ class OnnxRuntimeBackend(Backend):
             )
         self._device_type = "cuda" if device.type == "cuda" else "cpu"
         self._device_id = device.index or 0
+        self._row_shape = row_shape(self.session, classes)
 
     @property
     def variant(self) -> str:
@@ -91,7 +92,7 @@ class OnnxRuntimeBackend(Backend):
         # ONNX Runtime runs on a stream of its own: let the inputs' copies end first (its Run
         # returns once the logits are written).
         torch.cuda.current_stream(self.device).synchronize()
-        logits = torch.empty((batch.shape[0], self.classes), dtype=torch.float32,
+        logits = torch.empty((batch.shape[0], *self._row_shape), dtype=torch.float32,
                              device=self.device)  # fmt: skip
         binding = self.session.io_binding()
         binding.bind_input(INPUT_NAME, self._device_type, self._device_id, np.float32,
@@ -107,6 +108,17 @@ class OnnxRuntimeBackend(Backend):
     def describe(self) -> dict[str, Any]:
         return {**super().describe(), "artifact": str(self.path),
                 "providers": self.session.get_providers()}  # fmt: skip
+
+
+def row_shape(session: Any, classes: int) -> tuple[int, ...]:
+    """One row of the output, as the model declares it after its batch axis: ``(classes,)``
+    for a classifier, ``(dimensions,)`` for an encoder, ``(classes, height, width)`` for a
+    segmenter. Bound on CUDA, where the output is written into a tensor of ours."""
+    (output,) = [each for each in session.get_outputs() if each.name == OUTPUT_NAME]
+    declared = list(output.shape)[1:]
+    if declared and all(isinstance(size, int) for size in declared):
+        return tuple(declared)
+    return (classes,)
 
 
 def providers(device: torch.device, path: Path, precision: str) -> list[Any]:

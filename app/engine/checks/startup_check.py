@@ -20,6 +20,13 @@ from pydantic import BaseModel
 
 from app.engine.backends import Backend
 from app.engine.checks.gate import CHECK_BOUNDS, compare, eager_reference, judged, probabilities
+from app.engine.checks.task_check import (
+    TASK_CHECK_BOUNDS,
+    TASKS_CHECKED,
+    answers,
+    compare_task,
+    judged_task,
+)
 from app.engine.device import cpu_supports_bf16
 from app.engine.engine import InferenceEngine
 from app.engine.errors import CheckFailedError
@@ -90,12 +97,18 @@ def check_binding(engine: InferenceEngine, loaded: LoadedModel, device: torch.de
     bound = {
         **binding(loaded, loaded_digest(loaded), path, engine.backend.name),
         "precision": engine.precision, "device": device.type,
-        "bounds": dataclasses.asdict(CHECK_BOUNDS[engine.precision]),
+        "bounds": dataclasses.asdict(bounds_of(engine)),
         "options": engine.backend.options(),
     }  # fmt: skip
     if engine.precision == "bf16":  # native kernels and their emulation round differently
         bound["native_bf16"] = cpu_supports_bf16()
     return bound
+
+
+def bounds_of(engine: InferenceEngine) -> Any:
+    """The bounds an engine's start-up check holds it to: its task's, in its precision."""
+    table = TASK_CHECK_BOUNDS if engine.task in TASKS_CHECKED else CHECK_BOUNDS
+    return table[engine.precision]
 
 
 def kept_check(record: Path, bound_to: Any) -> dict[str, Any] | None:
@@ -127,10 +140,17 @@ def startup_check(
     its answers were accepted as they are, so a failure is only logged."""
     reference_engine = eager_reference(loaded, reference_module)
     images = list(warmup_images())
-    report = judged(
-        compare(probabilities(reference_engine, images), probabilities(engine, images)),
-        CHECK_BOUNDS[engine.precision],
-    )
+    if engine.task in TASKS_CHECKED:
+        report = judged_task(
+            engine.task,
+            compare_task(engine.task, answers(reference_engine, images), answers(engine, images)),
+            bounds_of(engine),
+        )
+    else:
+        report = judged(
+            compare(probabilities(reference_engine, images), probabilities(engine, images)),
+            bounds_of(engine),
+        )
     report["against"] = "eager PyTorch fp32 on the warm-up images"
     if not report["passed"] and not enforce:
         logger.critical(
@@ -148,9 +168,9 @@ def startup_check(
             f"{engine.backend.name} ({engine.precision}) disagrees with eager PyTorch fp32: "
             f"{'; '.join(report['failures'])}. {remedy}"
         )
-    logger.info(
-        "%s %s agrees with eager PyTorch: top-1 %.3f, largest probability difference %.2g",
-        engine.backend.name, engine.precision, report["top1_agreement"],
-        report["max_probability_difference"],
-    )  # fmt: skip
+    figures = {key: value for key, value in report.items()
+               if key.startswith(("top1_agreement", "max_probability", "min_", "mean_pixel",
+                                  "mean_cosine"))}  # fmt: skip
+    logger.info("%s %s agrees with eager PyTorch: %s", engine.backend.name, engine.precision,
+                ", ".join(f"{key} {value:.4g}" for key, value in figures.items()))  # fmt: skip
     return report
