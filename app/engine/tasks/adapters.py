@@ -19,7 +19,8 @@ import torch
 from torch import nn
 from torch.nn.functional import pad
 
-from app.engine.tasks.outputs import segmentation
+from app.engine.tasks.outputs import Detections, segmentation
+from app.engine.tasks.ssd import ssd_forward
 
 
 class TorchvisionDetector(nn.Module):
@@ -33,8 +34,12 @@ class TorchvisionDetector(nn.Module):
         self.statistics = (tuple(transform.image_mean), tuple(transform.image_std))
         model.transform = ServedBatch(transform)
         self.model = model
+        # SSD and SSDlite: their detections taken for the batch at once (``tasks.ssd``).
+        self.batched = type(model).__name__ == "SSD"
 
-    def forward(self, batch: torch.Tensor) -> list[dict[str, torch.Tensor]]:
+    def forward(self, batch: torch.Tensor) -> list[dict[str, torch.Tensor]] | Detections:
+        if self.batched:
+            return ssd_forward(self.model, batch)
         detected: list[dict[str, torch.Tensor]] = self.model(list(batch))
         return detected
 

@@ -96,7 +96,9 @@ def detections(
 def masks(logits: torch.Tensor, geometries: Sequence[Geometry]) -> list[np.ndarray[Any, Any]]:
     """Each image's mask of class indices, ``[H, W]`` in its own pixels: uint8 for up to 256
     classes, else int32."""
-    classes = logits.argmax(dim=1)
+    # max's indices, not argmax: the same first index of the largest logit, and on a CPU
+    # about 4x faster over the classes of [8, 21, 520, 520] (77 against 303 ms, ad hoc).
+    classes = logits.max(dim=1).indices
     dtype = torch.uint8 if logits.shape[1] <= 256 else torch.int32
     classes = classes.to(dtype)
     answers = []

@@ -1,0 +1,82 @@
+"""SSD's and SSDlite's detections for the whole batch at once.
+
+torchvision's ``SSD.postprocess_detections`` loops in Python over the images and, in each,
+over every class (90 for COCO): a score threshold, a top-k and three index operations per
+class and image, 720 small steps for a batch of eight before the suppression. The same answer
+for the batch in a few tensor operations: every class's top-k anchors of every image at once
+(the top k of the scores above the threshold are exactly the scores above the threshold among
+the top k), then each image's ``batched_nms`` (grouped by class) and its best
+``detections_per_img``, padded into ``(boxes, scores, labels)``.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+from torch.nn.functional import softmax
+
+from app.engine.tasks.outputs import Detections
+
+
+def ssd_forward(model: Any, batch: torch.Tensor) -> Detections:
+    """A torchvision SSD (its transform the server's ``ServedBatch``) on the server's batch:
+    backbone, heads and anchors as torchvision computes them, then ``batched_detections``."""
+    images, _ = model.transform(list(batch))
+    features = model.backbone(images.tensors)
+    features = list(features.values()) if isinstance(features, dict) else [features]
+    head = model.head(features)
+    anchors = model.anchor_generator(images, features)
+    height, width = images.image_sizes[0]
+    return batched_detections(
+        head["bbox_regression"], head["cls_logits"], torch.stack(anchors), model.box_coder,
+        (height, width), score_thresh=model.score_thresh, topk=model.topk_candidates,
+        nms_thresh=model.nms_thresh, per_image=model.detections_per_img,
+    )  # fmt: skip
+
+
+def batched_detections(
+    regression: torch.Tensor,
+    logits: torch.Tensor,
+    anchors: torch.Tensor,
+    box_coder: Any,
+    size: tuple[int, int],
+    *,
+    score_thresh: float,
+    topk: int,
+    nms_thresh: float,
+    per_image: int,
+) -> Detections:
+    """``regression [N, A, 4]``, ``logits [N, A, C]`` (class 0 the background) and
+    ``anchors [N, A, 4]`` of images of one ``size`` (height, width) to padded detections,
+    best first in each image."""
+    from torchvision.ops import batched_nms, clip_boxes_to_image
+
+    n, count, _ = regression.shape
+    boxes = box_coder.decode_single(regression.reshape(-1, 4), anchors.reshape(-1, 4))
+    boxes = clip_boxes_to_image(boxes, size).reshape(n, count, 4)
+    scores = softmax(logits, dim=-1)[:, :, 1:]  # [N, A, C - 1]
+    classes = scores.shape[2]
+    top, anchor = scores.topk(min(topk, count), dim=1)  # [N, k, C - 1]: per image and class
+    kept = top > score_thresh
+    image = torch.arange(n, device=boxes.device).view(n, 1, 1).expand_as(anchor)[kept]
+    label = torch.arange(1, classes + 1, device=boxes.device).expand_as(anchor)[kept]
+    score = top[kept]
+    box = boxes[image, anchor[kept]]
+    # The suppression image by image, as torchvision runs it: over a whole batch at once,
+    # ``batched_nms`` loops over every (image, class) group of a tensor n times as long.
+    found = [
+        (each, batched_nms(box[mine], score[mine], label[mine], nms_thresh)[:per_image])
+        for each in range(n)
+        for mine in [torch.nonzero(image == each).squeeze(1)]
+    ]
+    width = max(1, *(len(keep) for _, keep in found))
+    out_boxes = boxes.new_zeros((n, width, 4))
+    out_scores = scores.new_zeros((n, width))
+    out_labels = torch.zeros((n, width), dtype=torch.int64, device=boxes.device)
+    for each, keep in found:
+        mine = torch.nonzero(image == each).squeeze(1)[keep]
+        out_boxes[each, : len(keep)] = box[mine]
+        out_scores[each, : len(keep)] = score[mine]
+        out_labels[each, : len(keep)] = label[mine]
+    return out_boxes, out_scores, out_labels
