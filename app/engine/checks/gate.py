@@ -12,7 +12,7 @@ One comparison serves three purposes, with different bounds:
 from __future__ import annotations
 
 import copy
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 from dataclasses import asdict, dataclass
 from typing import Any
 
@@ -20,7 +20,7 @@ import torch
 from torch import nn
 
 from app.engine.backends import Backend, TorchBackend
-from app.engine.engine import ImageRequest, InferenceEngine
+from app.engine.engine import ImageRequest, InferenceEngine, Prediction
 from app.engine.model.loading import LoadedModel
 
 # A confident answer: the reference gives its top class at least this probability, and at least
@@ -95,18 +95,27 @@ def probabilities(
     serving path (decode, resize, crop, collate, forward, softmax)."""
     rows: list[torch.Tensor] = []
     classes = engine.num_classes
+    for prediction in served(engine, images, batch_size, top_k=classes):
+        row = torch.zeros(classes)
+        for entry in prediction.classes:
+            row[entry["index"]] = entry["score"]
+        rows.append(row)
+    return torch.stack(rows)
+
+
+def served(
+    engine: InferenceEngine, images: Sequence[bytes], batch_size: int = 8, top_k: int = 1
+) -> Iterator[Prediction]:
+    """Each image's prediction through the whole serving path, in batches of ``batch_size``
+    (or the engine's largest); an image that fails raises."""
     batch_size = min(batch_size, engine.max_batch_size)  # an engine takes no more than that
     for start in range(0, len(images), batch_size):
         chunk = images[start : start + batch_size]
-        requests = [ImageRequest(engine.prepare(data), classes) for data in chunk]
+        requests = [ImageRequest(engine.prepare(data), top_k) for data in chunk]
         for outcome in engine.run_batch(requests):
             if isinstance(outcome, BaseException):
                 raise outcome
-            row = torch.zeros(classes)
-            for entry in outcome.classes:
-                row[entry["index"]] = entry["score"]
-            rows.append(row)
-    return torch.stack(rows)
+            yield outcome
 
 
 def compare(

@@ -15,7 +15,8 @@ from typing import Any
 
 import numpy as np
 
-from app.engine.engine import ImageRequest, InferenceEngine, Prediction
+from app.engine.checks.gate import served
+from app.engine.engine import InferenceEngine, Prediction
 
 TASKS_CHECKED = ("segment", "embed")
 
@@ -41,16 +42,7 @@ TASK_CHECK_BOUNDS = {
 
 def answers(engine: InferenceEngine, images: Sequence[bytes], batch_size: int = 8) -> list[Any]:
     """Each image's mask (segment) or vector (embed), through the whole serving path."""
-    found: list[Any] = []
-    batch_size = min(batch_size, engine.max_batch_size)
-    for start in range(0, len(images), batch_size):
-        chunk = images[start : start + batch_size]
-        requests = [ImageRequest(engine.prepare(data), 1) for data in chunk]
-        for outcome in engine.run_batch(requests):
-            if isinstance(outcome, BaseException):
-                raise outcome
-            found.append(_answer(engine.task, outcome))
-    return found
+    return [_answer(engine.task, prediction) for prediction in served(engine, images, batch_size)]
 
 
 def _answer(task: str, prediction: Prediction) -> Any:
