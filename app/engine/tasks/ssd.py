@@ -65,18 +65,16 @@ def batched_detections(
     box = boxes[image, anchor[kept]]
     # The suppression image by image, as torchvision runs it: over a whole batch at once,
     # ``batched_nms`` loops over every (image, class) group of a tensor n times as long.
-    found = [
-        (each, batched_nms(box[mine], score[mine], label[mine], nms_thresh)[:per_image])
-        for each in range(n)
-        for mine in [torch.nonzero(image == each).squeeze(1)]
-    ]
-    width = max(1, *(len(keep) for _, keep in found))
+    found = []  # per image: the indices of its candidates that survive, best first
+    for each in range(n):
+        mine = torch.nonzero(image == each).squeeze(1)
+        found.append(mine[batched_nms(box[mine], score[mine], label[mine], nms_thresh)[:per_image]])
+    width = max(1, *map(len, found))
     out_boxes = boxes.new_zeros((n, width, 4))
     out_scores = scores.new_zeros((n, width))
     out_labels = torch.zeros((n, width), dtype=torch.int64, device=boxes.device)
-    for each, keep in found:
-        mine = torch.nonzero(image == each).squeeze(1)[keep]
-        out_boxes[each, : len(keep)] = box[mine]
-        out_scores[each, : len(keep)] = score[mine]
-        out_labels[each, : len(keep)] = label[mine]
+    for each, survivors in enumerate(found):
+        out_boxes[each, : len(survivors)] = box[survivors]
+        out_scores[each, : len(survivors)] = score[survivors]
+        out_labels[each, : len(survivors)] = label[survivors]
     return out_boxes, out_scores, out_labels
