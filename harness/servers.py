@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import contextlib
 import os
+import random
 import signal
 import socket
 import subprocess
@@ -20,10 +21,38 @@ ROOT = Path(__file__).resolve().parent.parent
 
 
 def free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        port: int = sock.getsockname()[1]
+    """A port nothing listens on, for a server about to start, outside the kernel's ephemeral
+    range and never handed out twice by this process.
+
+    Binding port 0 gives a port of the ephemeral range, which the kernel may hand again, before
+    the server binds it, as the local end of any outgoing connection (a load client's, a
+    scraper's): the server then fails with "address already in use"."""
+    low, high = _ephemeral_range()
+    below, above = range(10_000, low), range(high + 1, 65_536)
+    ports = below if len(below) >= len(above) else above
+    for _ in range(1000):
+        port = random.choice(ports)
+        if port in _handed_out:
+            continue
+        with socket.socket() as sock:
+            try:
+                sock.bind(("127.0.0.1", port))
+            except OSError:
+                continue
+        _handed_out.add(port)
         return port
+    raise RuntimeError(f"no free port in {ports}")
+
+
+_handed_out: set[int] = set()
+
+
+def _ephemeral_range() -> tuple[int, int]:
+    try:
+        low, high = Path("/proc/sys/net/ipv4/ip_local_port_range").read_text().split()
+        return int(low), int(high)
+    except (OSError, ValueError):
+        return 32_768, 60_999  # Linux's default
 
 
 class ServerProcess:
