@@ -106,6 +106,18 @@ class ModelKeys(BaseModel):
     """Mean total variation distance between fp32's and INT8's class probabilities."""
     int8_gate_max_probability_difference: float = Field(0.25, ge=0, le=1)
     """The largest change of any class probability on any gate image."""
+    # The same gate for a segmenter (against fp32's masks) and an encoder (fp32's vectors).
+    int8_gate_min_worst_pixel_agreement: float = Field(0.9, ge=0, le=1)
+    """A segmenter's INT8 gate: the share of pixels given fp32's class, on its worst image."""
+    int8_gate_min_mean_iou: float = Field(0.85, ge=0, le=1)
+    """A segmenter's INT8 gate: mean over classes of the IoU of fp32's and INT8's masks."""
+    int8_gate_min_mean_cosine: float = Field(0.98, ge=0, le=1)
+    """An encoder's INT8 gate: the mean cosine of fp32's and INT8's vectors of an image."""
+    int8_gate_min_worst_cosine: float = Field(0.95, ge=0, le=1)
+    """An encoder's INT8 gate: that cosine on its worst image."""
+    int8_gate_min_neighbour_agreement: float = Field(0.9, ge=0, le=1)
+    """An encoder's INT8 gate: the share of gate images whose nearest neighbour among them is
+    the same in INT8 as in fp32."""
     int8_gate_min_images: int = Field(30, ge=1, le=100_000)
     """The fewest gate images (held-out photos and five variants of each) the gate judges on."""
 

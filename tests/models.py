@@ -285,3 +285,47 @@ class MeanColorEncoder(nn.Module):
 
 def mean_color_encoder() -> nn.Module:
     return MeanColorEncoder()
+
+
+class ConvSegmenter(nn.Module):
+    """Each pixel's strongest normalised colour channel as its class (0 red, 1 green, 2 blue),
+    through real convolutions, for INT8: the conv classifier's stem (each channel's local
+    average, with both signs), a 3x3 convolution that smooths each of its channels, and a 1x1
+    one that sums each colour's channels back with their signs; upsampled to the input."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.stem = ConvColorClassifier().stem
+        self.smooth = nn.Conv2d(32, 32, 3, padding=1, bias=False)
+        self.classes = nn.Conv2d(32, 3, 1, bias=False)
+        with torch.no_grad():
+            self.smooth.weight.zero_()
+            self.classes.weight.zero_()
+            for channel in range(32):
+                self.smooth.weight[channel, channel] = 1 / 9
+                sign = 1.0 if (channel // 3) % 2 == 0 else -1.0
+                self.classes.weight[channel % 3, channel] = sign / (1 + channel // 6)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        logits = self.classes(torch.relu(self.smooth(torch.relu(self.stem(x)))))
+        return nn.functional.interpolate(logits, size=x.shape[-2:], mode="bilinear")
+
+
+def conv_segmenter() -> nn.Module:
+    return ConvSegmenter()
+
+
+class ConvEncoder(nn.Module):
+    """The conv classifier without its head: its pooled features, ``[N, 256]``."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        body = ConvColorClassifier()
+        self.stem, self.mix, self.pool = body.stem, body.mix, body.pool
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return torch.flatten(self.pool(self.mix(torch.relu(self.stem(x)))), 1)
+
+
+def conv_encoder() -> nn.Module:
+    return ConvEncoder()

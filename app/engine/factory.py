@@ -163,7 +163,7 @@ def _engine_for(
             lambda name, precision: _build_backend(
                 config.with_backend(name, precision), loaded, build, own_copy=True
             ),
-            lambda name: loaded.task == "classify"
+            lambda name: loaded.task != "detect"
             and int8_ready(config.with_backend(name, "int8"), loaded),
             failures_of, device_lock, build.machine,
         )  # fmt: skip
@@ -220,16 +220,18 @@ def _server_nms(config: ModelConfig, loaded: LoadedModel) -> float | None:
 
 def _check_task_support(config: ModelConfig, task: str, device: torch.device) -> None:
     """What a task other than classification is served with: a detector by PyTorch (its
-    outputs have data-dependent sizes, which the export does not take), a segmenter or an
-    encoder by any backend; on a CPU in fp32 (INT8 and its gate, and bf16's measured choice,
-    are the classifiers' alone)."""
+    outputs have data-dependent sizes, which the export does not take), in fp32 on a CPU; a
+    segmenter or an encoder by any backend, in fp32 on a CPU or in INT8 behind its task's
+    gate (bf16's measured choice is the classifiers' alone)."""
     if task == "detect" and config.backend not in ("auto", "torch"):
         raise StartupError(
             f"TASK={task} is served by BACKEND=torch (or auto), not BACKEND={config.backend}"
         )
-    if device.type == "cpu" and config.precision not in ("auto", "fp32"):
+    served = ("auto", "fp32") if task == "detect" else ("auto", "fp32", "int8")
+    if device.type == "cpu" and config.precision not in served:
         raise StartupError(
-            f"TASK={task} is served in fp32 on a CPU, not PRECISION={config.precision}"
+            f"TASK={task} is served in {' or '.join(served[1:])} on a CPU, "
+            f"not PRECISION={config.precision}"
         )
 
 

@@ -62,8 +62,9 @@ CHECK_BOUNDS = {
 }
 
 
-def looser(judged_by: dict[str, Any], bounds: Bounds) -> list[str]:
-    """The bounds in ``bounds`` that are stricter than those a stored report was judged by."""
+def looser(judged_by: dict[str, Any], bounds: Any) -> list[str]:
+    """The bounds in ``bounds`` (a dataclass of ``min_`` floors and ``max_`` ceilings, of any
+    task) that are stricter than those a stored report was judged by."""
 
     def stricter(name: str, value: float) -> bool:
         stored = judged_by.get(name)

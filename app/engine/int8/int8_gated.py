@@ -11,11 +11,13 @@ from pathlib import Path
 from typing import Any
 
 from app.engine.backends import open_runtime
-from app.engine.checks.gate import Bounds, compare, eager_reference, engine_for, probabilities
+from app.engine.checks.gate import eager_reference, engine_for
+from app.engine.checks.task_gate import figure_names, gate_answers, gate_compare
 from app.engine.errors import UngatedModelError
 from app.engine.int8.int8_class import this_cpu
 from app.engine.int8.int8_report import (
     GATE_IMAGES,
+    Int8Bounds,
     artifact_digest,
     binding,
     int8_bounds,
@@ -73,7 +75,7 @@ def judge_stored(config: ModelConfig, loaded: LoadedModel, path: Path) -> dict[s
     """The verdict on the INT8 artefact at ``path`` under this start-up's config: from its
     report's figures when they are bound to what is served here, else from the gate run
     again on the held-out images stored beside it. What ``/v1/models`` shows of it."""
-    bounds = int8_bounds(config)
+    bounds = int8_bounds(config, loaded.task)
     report = read_json(path.parent / REPORT)
     bound_to = binding(loaded, loaded_digest(loaded), path, config.backend, config.threads)
     reasons = reasons_to_rejudge(report, bound_to, bounds)
@@ -82,7 +84,8 @@ def judge_stored(config: ModelConfig, loaded: LoadedModel, path: Path) -> dict[s
     else:
         logger.warning("judging the INT8 model %s again: %s", path, "; ".join(reasons))
         figures = _rejudge(config, loaded, path, bounds, report)
-    summary = {key: figures.get(key) for key in _SHOWN}
+    shown = _SHOWN if loaded.task == "classify" else _shown_for(bounds)
+    summary = {key: figures.get(key) for key in shown}
     summary |= {"failures": int8_failures(figures, bounds), "judged_again": bool(reasons),
                 "bounds": asdict(bounds), "cpu_int8_class": this_cpu().name}  # fmt: skip
     summary["passed"] = not summary["failures"]
@@ -96,11 +99,17 @@ _SHOWN = (
 )  # fmt: skip
 
 
+def _shown_for(bounds: Int8Bounds) -> tuple[str, ...]:
+    """What ``/v1/models`` shows of a segmenter's or an encoder's gate."""
+    return ("recipe", *figure_names(bounds), "images", "images_per_second",
+            "fp32_images_per_second")  # fmt: skip
+
+
 def _rejudge(
     config: ModelConfig,
     loaded: LoadedModel,
     path: Path,
-    bounds: Bounds,
+    bounds: Int8Bounds,
     report: dict[str, Any] | None,
 ) -> dict[str, Any]:
     stored = path.parent / GATE_IMAGES
@@ -114,8 +123,9 @@ def _rejudge(
     backend = open_runtime(
         config.backend, path, precision="int8", threads=config.threads, classes=len(loaded.labels)
     )
-    reference = probabilities(eager_reference(loaded), images)
-    figures = compare(reference, probabilities(engine_for(loaded, backend), images))
+    reference = gate_answers(eager_reference(loaded), images)
+    candidate = gate_answers(engine_for(loaded, backend), images)
+    figures = gate_compare(loaded.task, reference, candidate)
     # The speed measured when it was built, if the report is this artefact's.
     if report is not None and report.get("artifact_sha256") == artifact_digest(path):
         for key in ("recipe", "images_per_second", "fp32_images_per_second"):

@@ -19,6 +19,12 @@ from pathlib import Path
 from typing import Any
 
 from app.engine.checks.gate import Bounds, looser, verdict
+from app.engine.checks.task_gate import (
+    EmbedBounds,
+    SegmentBounds,
+    figure_names,
+    task_verdict,
+)
 from app.engine.int8.int8_class import this_cpu
 from app.engine.model.artifacts import file_sha256
 from app.engine.model.kept import code_fingerprint
@@ -133,10 +139,10 @@ _WHY = {
 
 
 def reasons_to_rejudge(
-    report: dict[str, Any] | None, bound_to: dict[str, Any], bounds: Bounds
+    report: dict[str, Any] | None, bound_to: dict[str, Any], bounds: Int8Bounds
 ) -> list[str]:
     """Why a stored report's figures cannot decide for this start-up (empty: they can)."""
-    if report is None or not _readable(report):
+    if report is None or not _readable(report, bounds):
         return ["there is no readable report"]
     reasons = [
         f"{_WHY[key]} ({report.get(key)!r}, here {value!r})"
@@ -152,31 +158,50 @@ def reasons_to_rejudge(
 _FIGURES = ("confident_top1_agreement", "plausible_top1", "mean_total_variation",
             "max_probability_difference", "top1_agreement")  # fmt: skip
 
+Int8Bounds = Bounds | SegmentBounds | EmbedBounds
 
-def _readable(report: dict[str, Any]) -> bool:
+
+def _readable(report: dict[str, Any], bounds: Int8Bounds) -> bool:
     """Whether a report holds what the gate judges by: its figures as numbers (a report of a
     build where no candidate was judged holds its failures instead)."""
-    if "top1_agreement" not in report:
+    if "images" not in report:
         failures = report.get("failures")
         return isinstance(failures, list) and all(isinstance(each, str) for each in failures)
+    names = _FIGURES if isinstance(bounds, Bounds) else figure_names(bounds)
     return all(isinstance(report.get(key), int | float) and not isinstance(report.get(key), bool)
-               for key in _FIGURES)  # fmt: skip
+               for key in names)  # fmt: skip
 
 
-def int8_failures(report: dict[str, Any], bounds: Bounds) -> list[str]:
+def gate_verdict(report: dict[str, Any], bounds: Int8Bounds) -> list[str]:
+    """The bounds a report's figures miss, in its task's terms."""
+    return verdict(report, bounds) if isinstance(bounds, Bounds) else task_verdict(report, bounds)
+
+
+def int8_failures(report: dict[str, Any], bounds: Int8Bounds) -> list[str]:
     """The gate's verdict on a report's figures under ``bounds``, and the speed rule: an INT8
     model that runs slower than fp32 on the same runtime is not served."""
-    if "top1_agreement" not in report:  # no candidate was ever judged
+    if "images" not in report:  # no candidate was ever judged
         return list(report.get("failures") or ["no INT8 model was judged"])
-    failures = verdict(report, bounds)
+    failures = gate_verdict(report, bounds)
     rate, fp32 = report.get("images_per_second"), report.get("fp32_images_per_second")
     if isinstance(rate, int | float) and isinstance(fp32, int | float) and rate < fp32:
         failures.append(f"slower than fp32 ({rate:.1f} < {fp32:.1f} images/s)")
     return failures
 
 
-def int8_bounds(config: ModelConfig) -> Bounds:
-    """The gate's bounds, from the config (``INT8_GATE_*``)."""
+def int8_bounds(config: ModelConfig, task: str = "classify") -> Int8Bounds:
+    """The gate's bounds for a model of ``task``, from the config (``INT8_GATE_*``)."""
+    if task == "segment":
+        return SegmentBounds(
+            min_worst_pixel_agreement=config.int8_gate_min_worst_pixel_agreement,
+            min_mean_iou=config.int8_gate_min_mean_iou,
+        )
+    if task == "embed":
+        return EmbedBounds(
+            min_mean_cosine=config.int8_gate_min_mean_cosine,
+            min_worst_cosine=config.int8_gate_min_worst_cosine,
+            min_neighbour_agreement=config.int8_gate_min_neighbour_agreement,
+        )
     return Bounds(
         min_confident_top1_agreement=config.int8_gate_min_confident_top1_agreement,
         min_plausible_top1=config.int8_gate_min_plausible_top1,

@@ -27,7 +27,7 @@ import logging
 import random
 import shutil
 from collections.abc import Callable, Iterator, Sequence
-from dataclasses import dataclass
+from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any, Protocol
 
@@ -36,20 +36,15 @@ import torch
 from PIL import Image, ImageEnhance, ImageOps
 
 from app.engine.backends import Backend, open_runtime
-from app.engine.checks.gate import (
-    compare,
-    eager_reference,
-    engine_for,
-    judged,
-    probabilities,
-    verdict,
-)
+from app.engine.checks.gate import eager_reference, engine_for, probabilities
 from app.engine.checks.precision import side_by_side
+from app.engine.checks.task_gate import gate_answers, gate_compare
 from app.engine.errors import StartupError
 from app.engine.int8.int8_class import Int8Class, this_cpu
 from app.engine.int8.int8_report import (
     GATE_IMAGES,
     binding,
+    gate_verdict,
     int8_bounds,
     int8_failures,
 )
@@ -180,16 +175,21 @@ class _Runtime:
         inputs: list[np.ndarray[Any, Any]],
         reference: Callable[[], torch.Tensor],
         saturates: bool,
+        task: str,
     ) -> tuple[Quantizer, list[str]]:
         """The runtime's quantizer and recipes; ``reference()`` gives fp32's probabilities
-        on the calibration images (asked only by accuracy control)."""
+        on the calibration images (asked only by accuracy control, whose metric is the
+        classifiers': other tasks try the plain recipe alone on OpenVINO)."""
         if self.name == "openvino":
             import app.engine.int8.quantize_openvino as ov
 
             def expected() -> list[np.ndarray[Any, Any]]:
                 return [row.numpy() for row in reference()]
 
-            return ov.OpenVinoQuantizer(fp32, inputs, expected), ov.recipe_order(saturates)
+            order = ov.recipe_order(saturates)
+            return ov.OpenVinoQuantizer(fp32, inputs, expected), (
+                order if task == "classify" else order[:1]
+            )
         import app.engine.int8.quantize_onnx as ort
 
         onnx_quantizer = ort.OnnxQuantizer(fp32, inputs, self.work)
@@ -259,6 +259,11 @@ def build_int8(
             f"{config.backend} has no INT8 recipe {recipe!r}: "
             f"{RECIPE_FORMS.get(config.backend, 'none')}"
         )
+    if recipe is not None and recipe.endswith("accuracy-control") and loaded.task != "classify":
+        raise StartupError(
+            f"{recipe}: accuracy control measures class probabilities; a model of "
+            f"TASK={loaded.task} takes {plain_recipe(config.backend, this_cpu())} or the 7-bit one"
+        )
     sets = ImageSets.from_folders(config, calibration, gate)
     described = sets.describe()
     existing = find(root, key, runtime_file)
@@ -269,7 +274,7 @@ def build_int8(
         if same and recipe in (None, made.get("recipe")):
             return existing
     judged_on = sets.gate
-    bounds = int8_bounds(config)
+    bounds = int8_bounds(config, loaded.task)
 
     with building(root, key, replace=True) as scratch:
         work = scratch / "work"
@@ -277,7 +282,7 @@ def build_int8(
         runtime = _Runtime(config, loaded, work)
         fp32_backend, fp32_path = runtime.fp32_backend(root)
         reference_engine = eager_reference(loaded)
-        reference = probabilities(reference_engine, judged_on)
+        reference = gate_answers(reference_engine, judged_on)
         inputs = list(calibration_batches(loaded, sets.calibration))
         target = target or this_cpu()
         quantizer, order = runtime.quantizer(
@@ -285,6 +290,7 @@ def build_int8(
             inputs,
             lambda: probabilities(reference_engine, sets.calibration),
             target.saturates,
+            loaded.task,
         )
         tried: list[dict[str, Any]] = []
         chosen: tuple[Path, dict[str, Any]] | None = None
@@ -293,9 +299,8 @@ def build_int8(
             candidate.parent.mkdir()
             quantizer.build(name, candidate)
             backend = runtime.backend(candidate)
-            figures = judged(
-                compare(reference, probabilities(engine_for(loaded, backend), judged_on)), bounds
-            )
+            answers = gate_answers(engine_for(loaded, backend), judged_on)
+            figures = gate_compare(loaded.task, reference, answers) | {"bounds": asdict(bounds)}
             fp32_rate, rate = side_by_side(fp32_backend, backend, input_shape(loaded),
                                            SPEED_BATCH)  # fmt: skip
             figures |= {"recipe": name, "images_per_second": rate,
@@ -306,7 +311,7 @@ def build_int8(
             logger.info("INT8 recipe %s: %s", name, _summary(figures))
             if chosen is None or figures["passed"]:
                 chosen = (candidate, figures)  # the first is kept when none passes
-            if figures["passed"] or (rate < fp32_rate and not verdict(figures, bounds)):
+            if figures["passed"] or (rate < fp32_rate and not gate_verdict(figures, bounds)):
                 break  # accurate but slower: more layers in fp32 would only run slower
         assert chosen is not None
         path, figures = chosen
@@ -364,15 +369,26 @@ RECIPE_FORMS = {
 
 def _summary(report: dict[str, Any]) -> str:
     outcome = "PASSED" if report["passed"] else "FAILED (" + "; ".join(report["failures"]) + ")"
+    speed = (f"{report['images_per_second']:.1f} images/s against fp32's "
+             f"{report['fp32_images_per_second']:.1f}")  # fmt: skip
+    if "top1_agreement" not in report:  # a segmenter's or an encoder's figures
+        shown = ", ".join(
+            f"{name.replace('_', ' ')} {value:.4f}" for name, value in report.items()
+            if name in _TASK_FIGURES and isinstance(value, float)
+        )  # fmt: skip
+        return f"{outcome}; {shown} on {report['images']} images; {speed}"
     return (
         f"{outcome}; confident top-1 agreement {report['confident_top1_agreement']:.3f}, "
         f"plausible top-1 {report['plausible_top1']:.3f}, mean total variation "
         f"{report['mean_total_variation']:.3f}, largest probability difference "
         f"{report['max_probability_difference']:.3f} (top-1 agreement "
         f"{report['top1_agreement']:.3f}, top-5 overlap {report['top5_overlap']:.3f}) on "
-        f"{report['images']} images; {report['images_per_second']:.1f} images/s against "
-        f"fp32's {report['fp32_images_per_second']:.1f}"
+        f"{report['images']} images; {speed}"
     )
+
+
+_TASK_FIGURES = ("worst_pixel_agreement", "mean_pixel_agreement", "mean_iou", "mean_cosine",
+                 "worst_cosine", "neighbour_agreement")  # fmt: skip
 
 
 def _log(report: dict[str, Any], where: Path) -> None:

@@ -29,6 +29,7 @@ import torch
 from app.engine import (
     GATE_IMAGES,
     REPORT,
+    Bounds,
     build_int8,
     calibration_batches,
     compare,
@@ -83,6 +84,8 @@ def run(folder: Path, runtimes: list[str]) -> dict[str, Any]:
             inputs = folder / "inputs.npy"
             np.save(inputs, np.concatenate(list(calibration_batches(loaded, gate))))
             reference = probabilities(eager_reference(loaded), gate)
+            bounds = int8_bounds(settings.own_model())
+            assert isinstance(bounds, Bounds)  # a classifier's
             row: dict[str, Any] = {"runtime": runtime, "recipes_for": target.name,
                                    "recipe": report.get("recipe"),
                                    "passed_when_built": report.get("passed")}  # fmt: skip
@@ -90,7 +93,7 @@ def run(folder: Path, runtimes: list[str]) -> dict[str, Any]:
                 started = time.perf_counter()
                 candidate = torch.from_numpy(evaluate(runtime, path, inputs, emulated))
                 figures = compare(reference, candidate)
-                failures = verdict(figures, int8_bounds(settings.own_model()))
+                failures = verdict(figures, bounds)
                 row[where] = {**{key: figures[key] for key in SHOWN}, "passed": not failures,
                               "failures": failures,
                               "seconds": time.perf_counter() - started}  # fmt: skip
