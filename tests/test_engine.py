@@ -8,6 +8,7 @@ import subprocess
 import sys
 import warnings
 from pathlib import Path
+from typing import Any
 
 import pytest
 import torch
@@ -460,7 +461,7 @@ def test_a_slot_keeps_the_tensors_of_its_batch_until_the_batch_is_done() -> None
     held_during_forward: list[int] = []
     forward = engine.backend.forward
 
-    def spying(batch: torch.Tensor) -> torch.Tensor:
+    def spying(batch: torch.Tensor) -> Any:
         held_during_forward.append(slot.held)
         return forward(batch)
 

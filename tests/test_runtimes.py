@@ -92,7 +92,9 @@ def test_artefacts_are_made_once_then_reused(
 def test_a_failed_export_leaves_nothing_behind(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    def half_then_crash(module: torch.nn.Module, shape: tuple[int, ...], path: Path) -> None:
+    def half_then_crash(
+        module: torch.nn.Module, shape: tuple[int, ...], path: Path, *_: Any
+    ) -> None:
         path.write_bytes(b"half an ONNX file")
         raise RuntimeError("exporter crashed")
 
@@ -437,7 +439,7 @@ def torch_threads_in_a_batch(engine: InferenceEngine, starting: int) -> int:
     seen: list[int] = []
     forward = engine.backend.forward
 
-    def counting(batch: torch.Tensor) -> torch.Tensor:
+    def counting(batch: torch.Tensor) -> Any:
         seen.append(torch.get_num_threads())
         return forward(batch)
 

@@ -63,12 +63,22 @@ def outputs_of(response: httpx.Response) -> dict[str, dict[str, Any]]:
     return {each["name"]: each for each in response.json()["outputs"]}
 
 
-async def test_boxes_of_images_of_different_sizes_batched_together(tmp_path: Path) -> None:
+@pytest.mark.parametrize("backend", ["torch", "onnxruntime", "openvino"])
+async def test_boxes_of_images_of_different_sizes_batched_together(
+    tmp_path: Path, backend: str
+) -> None:
     labels = tmp_path / "labels.txt"
     labels.write_text("background\nbox\nimage\n")
     settings = make_settings(model=DETECTOR, task="detect", image_size=SIZE, labels=labels,
-                             dispatch_when_idle=False, max_queue_delay_ms=300)  # fmt: skip
+                             dispatch_when_idle=False, max_queue_delay_ms=300, backend=backend,
+                             artifacts_dir=tmp_path / "artifacts")  # fmt: skip
     async with serve(settings) as (_, client):
+        (served,) = (await client.get("/v1/models")).json()["models"]
+        assert served["backend"]["name"] == backend
+        if backend != "torch":  # exported whole, and checked against eager PyTorch in boxes
+            assert served["check"]["passed"]
+            assert served["check"]["box_recall"] == served["check"]["box_precision"] == 1.0
+            assert served["check"]["reference_boxes"] > 0
         model = (await client.get("/v2/models/bright_box_detector")).json()
         assert [(o["name"], o["datatype"]) for o in model["outputs"]] == [
             ("boxes", "FP32"), ("scores", "FP32"), ("labels", "INT64"), ("num_detections", "INT32")

@@ -35,7 +35,13 @@ from app.engine.machine import Machine
 from app.engine.model.cards import load_described
 from app.engine.model.compile import kept, resolve_compile
 from app.engine.model.loading import LoadedModel, load_model, loaded_digest
-from app.engine.model.store import ensure_onnx, ensure_openvino, input_shape, torchscript_artifact
+from app.engine.model.store import (
+    ensure_onnx,
+    ensure_openvino,
+    input_shape,
+    runtime_parts,
+    torchscript_artifact,
+)
 from app.engine.observer import EngineObserver
 from app.model_config import ModelConfig
 from app.startup import Phases
@@ -151,10 +157,10 @@ def _engine_for(
     build.failures_of = failures_of
     if loaded.task != "classify":
         _check_task_support(config, loaded.task, device)
-    if config.backend == "auto" and loaded.task == "detect":
+    if config.backend == "auto" and not _exportable(loaded):
         backend = _build_backend(config.with_backend("torch"), loaded, build)
         backend.choice = {"chosen": "torch", "precision": backend.precision,
-                          "reason": "TASK=detect runs on PyTorch"}  # fmt: skip
+                          "reason": "a list of boxes per image: PyTorch alone"}  # fmt: skip
     elif config.backend == "auto":
         spent_before = _spent_elsewhere(phases)
         choosing = time.perf_counter()
@@ -218,15 +224,23 @@ def _server_nms(config: ModelConfig, loaded: LoadedModel) -> float | None:
     return config.nms_iou
 
 
+def _exportable(loaded: LoadedModel) -> bool:
+    """Whether a runtime can serve the model (every one but a detector answering a list of
+    boxes per image)."""
+    if loaded.task != "detect":
+        return True
+    try:
+        runtime_parts(loaded)
+    except StartupError:
+        return False
+    return True
+
+
 def _check_task_support(config: ModelConfig, task: str, device: torch.device) -> None:
-    """What a task other than classification is served with: a detector by PyTorch (its
-    outputs have data-dependent sizes, which the export does not take), in fp32 on a CPU; a
-    segmenter or an encoder by any backend, in fp32 on a CPU or in INT8 behind its task's
-    gate (bf16's measured choice is the classifiers' alone)."""
-    if task == "detect" and config.backend not in ("auto", "torch"):
-        raise StartupError(
-            f"TASK={task} is served by BACKEND=torch (or auto), not BACKEND={config.backend}"
-        )
+    """The precisions a task other than classification is served in on a CPU: fp32 for a
+    detector (on PyTorch, or on a runtime where its graph exports: ``runtime_parts``), fp32 or
+    INT8 behind its task's gate for a segmenter or an encoder (bf16's measured choice is the
+    classifiers' alone)."""
     served = ("auto", "fp32") if task == "detect" else ("auto", "fp32", "int8")
     if device.type == "cpu" and config.precision not in served:
         raise StartupError(
@@ -321,10 +335,13 @@ def _runtime_backend(config: ModelConfig, loaded: LoadedModel, build: _Build) ->
     # the threads while only one of them computes.
     concurrent = 1 if batching.serial_execution else batching.max_inflight_batches
 
+    decode = runtime_parts(loaded).decode if loaded.task == "detect" else None
+
     def candidate(precision: str) -> Backend:
         return open_runtime(config.backend, path, precision=precision,
                             threads=config.threads, classes=len(loaded.labels),
-                            device=device, concurrent_batches=concurrent)  # fmt: skip
+                            device=device, concurrent_batches=concurrent,
+                            decode=decode)  # fmt: skip
 
     with phases.phase("compile"):  # the runtime's session or compiled model (per precision)
         backend, rates = fastest(precisions, candidate, input_shape(loaded), build.rows,

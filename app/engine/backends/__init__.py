@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+from collections.abc import Callable, Sequence
 from pathlib import Path
+from typing import Any
 
 import torch
 
@@ -23,18 +25,24 @@ def open_runtime(
     classes: int,
     device: torch.device | None = None,
     concurrent_batches: int = 1,
+    decode: Callable[[Sequence[torch.Tensor]], Any] | None = None,
 ) -> Backend:
     """The runtime ``name`` serving the artefact at ``path``: the one way to open one, whether
     to serve, to choose, to quantise or to judge. ``concurrent_batches``: batches OpenVINO
-    runs at once (one stream with every thread when 1)."""
+    runs at once (one stream with every thread when 1). ``decode``: a detector's, on what its
+    graph returns."""
+    backend: Backend
     if name == "onnxruntime":
         from app.engine.backends.onnx_runtime import OnnxRuntimeBackend
 
-        return OnnxRuntimeBackend(path, device or torch.device("cpu"), precision=precision,
-                                  threads=threads, classes=classes)  # fmt: skip
-    if name == "openvino":
+        backend = OnnxRuntimeBackend(path, device or torch.device("cpu"), precision=precision,
+                                     threads=threads, classes=classes)  # fmt: skip
+    elif name == "openvino":
         from app.engine.backends.openvino_runtime import OpenVinoBackend
 
-        return OpenVinoBackend(path, precision=precision, threads=threads,
-                               concurrent_batches=concurrent_batches)  # fmt: skip
-    raise ValueError(f"no runtime {name!r}: {', '.join(RUNTIMES)}")
+        backend = OpenVinoBackend(path, precision=precision, threads=threads,
+                                  concurrent_batches=concurrent_batches)  # fmt: skip
+    else:
+        raise ValueError(f"no runtime {name!r}: {', '.join(RUNTIMES)}")
+    backend.decode = decode
+    return backend

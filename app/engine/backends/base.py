@@ -8,7 +8,7 @@ ready input batch into logits. Adding a runtime is one new module here.
 from __future__ import annotations
 
 from abc import ABC, abstractmethod
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import Any
 
 import torch
@@ -49,10 +49,22 @@ class Backend(ABC):
         """Which flavour of the runtime serves (e.g. ``torchscript``)."""
         return "default"
 
+    # A detector's decoding (anchors, boxes, suppression), which PyTorch runs on the outputs
+    # of the graph a runtime serves (``tasks.adapters.DetectorParts``).
+    decode: Callable[[Sequence[torch.Tensor]], Any] | None = None
+
     @abstractmethod
-    def forward(self, batch: torch.Tensor) -> torch.Tensor:
-        """Logits ``[rows, classes]`` for ``batch`` (called under ``torch.inference_mode``,
-        one call at a time, on the compute stream on CUDA)."""
+    def forward(self, batch: torch.Tensor) -> Any:
+        """The model's output for ``batch``: logits ``[rows, classes]``, features, a mask's
+        logits, or a detector's ``(boxes, scores, labels)`` (called under
+        ``torch.inference_mode``, one call at a time, on the compute stream on CUDA)."""
+
+    def finished(self, outputs: Sequence[torch.Tensor]) -> Any:
+        """A runtime's graph outputs as the model's output: decoded, or its one tensor."""
+        if self.decode is not None:
+            return self.decode(outputs)
+        (output,) = outputs
+        return output
 
     def prepare(self, buckets: Sequence[int]) -> None:  # noqa: B027 - optional hook
         """Get ready to serve these batch sizes (capture graphs, tune kernels): called once,

@@ -77,18 +77,24 @@ class OnnxRuntimeBackend(Backend):
             )
         self._device_type = "cuda" if device.type == "cuda" else "cpu"
         self._device_id = device.index or 0
-        self._row_shape = row_shape(self.session, classes)
+        self._outputs = [each.name for each in self.session.get_outputs()]
+        if len(self._outputs) > 1 and device.type == "cuda":
+            raise StartupError(
+                "a detector's graph runs on ONNX Runtime on the CPU; on a GPU serve it with "
+                "BACKEND=torch"
+            )
+        self._row_shape = row_shape(self.session, classes) if len(self._outputs) == 1 else ()
 
     @property
     def variant(self) -> str:
         used = self.session.get_providers()
         return used[0].removesuffix("ExecutionProvider").lower() if used else "cpu"
 
-    def forward(self, batch: torch.Tensor) -> torch.Tensor:
+    def forward(self, batch: torch.Tensor) -> Any:
         batch = batch.contiguous()
         if self.device.type != "cuda":
-            (logits,) = self.session.run([OUTPUT_NAME], {INPUT_NAME: batch.numpy()})
-            return torch.from_numpy(logits)
+            outputs = self.session.run(self._outputs, {INPUT_NAME: batch.numpy()})
+            return self.finished([torch.from_numpy(each) for each in outputs])
         # ONNX Runtime runs on a stream of its own: let the inputs' copies end first (its Run
         # returns once the logits are written).
         torch.cuda.current_stream(self.device).synchronize()
@@ -100,7 +106,7 @@ class OnnxRuntimeBackend(Backend):
         binding.bind_output(OUTPUT_NAME, self._device_type, self._device_id, np.float32,
                             tuple(logits.shape), logits.data_ptr())  # fmt: skip
         self.session.run_with_iobinding(binding)
-        return logits
+        return self.finished([logits])
 
     def options(self) -> dict[str, Any]:
         return {**super().options(), **self._options, "providers": self.session.get_providers()}

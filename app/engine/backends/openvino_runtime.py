@@ -50,6 +50,7 @@ class OpenVinoBackend(Backend):
             config["NUM_STREAMS"] = concurrent_batches
         core = ov.Core()
         self.compiled = core.compile_model(core.read_model(str(path)), "CPU", config)
+        self._outputs = len(self.compiled.outputs)
         self._config = {key: str(value) for key, value in config.items()}
         self.serialized = self.hint == "LATENCY"
         self._requests: queue.SimpleQueue[Any] = queue.SimpleQueue()
@@ -60,14 +61,17 @@ class OpenVinoBackend(Backend):
     def variant(self) -> str:
         return self.hint.lower()
 
-    def forward(self, batch: torch.Tensor) -> torch.Tensor:
+    def forward(self, batch: torch.Tensor) -> Any:
         request = self._requests.get()
         try:
             request.infer({0: batch.contiguous().numpy()}, share_inputs=True)
-            logits: np.ndarray[Any, Any] = request.get_output_tensor(0).data
-            return torch.from_numpy(logits.copy())  # the request's buffer is reused
+            # Copied: the request's buffers are reused.
+            outputs: list[np.ndarray[Any, Any]] = [
+                request.get_output_tensor(index).data.copy() for index in range(self._outputs)
+            ]
         finally:
             self._requests.put(request)
+        return self.finished([torch.from_numpy(each) for each in outputs])
 
     def options(self) -> dict[str, Any]:
         return {**super().options(), **self._config}

@@ -75,18 +75,27 @@ def looser(judged_by: dict[str, Any], bounds: Any) -> list[str]:
     return [name for name, value in asdict(bounds).items() if stricter(name, value)]
 
 
-def eager_reference(loaded: LoadedModel, module: nn.Module | None = None) -> InferenceEngine:
+def eager_reference(
+    loaded: LoadedModel, module: nn.Module | None = None, like: InferenceEngine | None = None
+) -> InferenceEngine:
     """Eager fp32 PyTorch on the CPU (on a copy of the model unless ``module`` is given): the
-    reference every other configuration is judged against."""
+    reference every other configuration is judged against (answering as ``like`` does)."""
     module = copy.deepcopy(loaded.module) if module is None else module
     crop = loaded.transform.crop_size
     backend = TorchBackend(module.float(), torch.device("cpu"), torch.float32, (3, crop, crop))
-    return engine_for(loaded, backend)
+    return engine_for(loaded, backend, like)
 
 
-def engine_for(loaded: LoadedModel, backend: Backend) -> InferenceEngine:
-    """A plain engine around ``backend``, for comparisons outside the server."""
-    return InferenceEngine(loaded, backend, max_batch_size=8, max_inflight_batches=1)
+def engine_for(
+    loaded: LoadedModel, backend: Backend, like: InferenceEngine | None = None
+) -> InferenceEngine:
+    """A plain engine around ``backend``, for comparisons outside the server; its answers
+    made as ``like``'s are (a detector's suppression, an encoder's normalisation)."""
+    answering: dict[str, Any] = {}
+    if like is not None:
+        answering = {"nms_iou": like.nms_iou, "embed_normalize": like.embed_normalize}
+    return InferenceEngine(loaded, backend, max_batch_size=8, max_inflight_batches=1,
+                           **answering)  # fmt: skip
 
 
 def probabilities(

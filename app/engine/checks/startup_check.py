@@ -138,7 +138,7 @@ def startup_check(
     tolerance of the engine's precision (no fallback: the operator asked for this backend).
     Not ``enforce``d for an INT8 model served without a passing gate (``ALLOW_UNGATED_INT8``):
     its answers were accepted as they are, so a failure is only logged."""
-    reference_engine = eager_reference(loaded, reference_module)
+    reference_engine = eager_reference(loaded, reference_module, like=engine)
     images = list(warmup_images())
     if engine.task in TASKS_CHECKED:
         report = judged_task(
@@ -170,7 +170,7 @@ def startup_check(
         )
     figures = {key: value for key, value in report.items()
                if key.startswith(("top1_agreement", "max_probability", "min_", "mean_pixel",
-                                  "mean_cosine"))}  # fmt: skip
+                                  "mean_cosine", "box_"))}  # fmt: skip
     logger.info("%s %s agrees with eager PyTorch: %s", engine.backend.name, engine.precision,
                 ", ".join(f"{key} {value:.4g}" for key, value in figures.items()))  # fmt: skip
     return report

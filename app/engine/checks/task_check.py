@@ -1,10 +1,12 @@
-"""The start-up check of a segmenter or an encoder, in its task's own terms.
+"""The start-up check of a detector, a segmenter or an encoder, in its task's own terms.
 
-A classifier's check compares class probabilities (``gate.compare``). A segmenter's answer is
-a mask and an encoder's a vector, so an exported segmenter is judged by how many of each
-image's pixels get the class eager PyTorch gives them, and an encoder by the cosine between
-its vector and eager PyTorch's, image by image, through the whole serving path (decode,
-letterbox or crop, collate, forward, the answer).
+A classifier's check compares class probabilities (``gate.compare``). A detector's answer is a
+set of boxes, a segmenter's a mask and an encoder's a vector, so an exported detector is
+judged by how many of eager PyTorch's boxes it finds and how many of its own eager PyTorch
+finds (``boxes``), a segmenter by how many of each image's pixels get the class eager PyTorch
+gives them, and an encoder by the cosine between its vector and eager PyTorch's, image by
+image, through the whole serving path (decode, letterbox or crop, collate, forward, the
+answer).
 """
 
 from __future__ import annotations
@@ -15,42 +17,70 @@ from typing import Any
 
 import numpy as np
 
+from app.engine.checks.boxes import compare_detections
 from app.engine.checks.gate import served
 from app.engine.engine import InferenceEngine, Prediction
 
-TASKS_CHECKED = ("segment", "embed")
+TASKS_CHECKED = ("detect", "segment", "embed")
 
 
 @dataclass(frozen=True)
 class TaskBounds:
-    """What a segmenter or an encoder must meet against eager fp32 PyTorch: the share of
-    pixels of the worst image with the same class, the cosine of the worst image's vectors."""
+    """What a detector, a segmenter or an encoder must meet against eager fp32 PyTorch: the
+    shares of each side's boxes the other finds, the share of pixels of the worst image with
+    the same class, the cosine of the worst image's vectors."""
 
     min_pixel_agreement: float
     min_cosine: float
+    min_box_recall: float = 0.0
+    min_box_precision: float = 0.0
 
 
 # fp32 computes the same function within float rounding: a pixel changes class only where two
-# classes' logits all but tie. Reduced precisions move more; INT8 was judged by its gate.
+# classes' logits all but tie, a box is lost only where it ties with the last one served.
+# Reduced precisions move more; INT8 was judged by its gate.
 TASK_CHECK_BOUNDS = {
-    "fp32": TaskBounds(min_pixel_agreement=0.99, min_cosine=0.9999),
-    "fp16": TaskBounds(min_pixel_agreement=0.9, min_cosine=0.99),
-    "bf16": TaskBounds(min_pixel_agreement=0.9, min_cosine=0.99),
-    "int8": TaskBounds(min_pixel_agreement=0.5, min_cosine=0.9),
+    "fp32": TaskBounds(
+        min_pixel_agreement=0.99, min_cosine=0.9999, min_box_recall=0.95, min_box_precision=0.95
+    ),
+    "fp16": TaskBounds(
+        min_pixel_agreement=0.9, min_cosine=0.99, min_box_recall=0.8, min_box_precision=0.8
+    ),
+    "bf16": TaskBounds(
+        min_pixel_agreement=0.9, min_cosine=0.99, min_box_recall=0.8, min_box_precision=0.8
+    ),
+    "int8": TaskBounds(
+        min_pixel_agreement=0.5, min_cosine=0.9, min_box_recall=0.5, min_box_precision=0.5
+    ),
+}
+
+# Scores this close to a side's last served box tie with it (of a random-weight SSDlite's 3234
+# anchors, every one scores 1/91 to eight digits: which of them are served is rounding).
+CHECK_TIE = 1e-3
+
+# Per task, each bound and the report's figure it holds.
+_JUDGED = {
+    "detect": {"min_box_recall": "box_recall", "min_box_precision": "box_precision"},
+    "segment": {"min_pixel_agreement": "min_pixel_agreement"},
+    "embed": {"min_cosine": "min_cosine"},
 }
 
 
 def answers(engine: InferenceEngine, images: Sequence[bytes], batch_size: int = 8) -> list[Any]:
-    """Each image's mask (segment) or vector (embed), through the whole serving path."""
+    """Each image's detections, mask or vector, through the whole serving path."""
     return [_answer(engine.task, prediction) for prediction in served(engine, images, batch_size)]
 
 
 def _answer(task: str, prediction: Prediction) -> Any:
+    if task == "detect":
+        return prediction.detected
     return prediction.mask if task == "segment" else prediction.embedding
 
 
 def compare_task(task: str, reference: Sequence[Any], candidate: Sequence[Any]) -> dict[str, Any]:
-    """How closely the candidate's masks or vectors follow the reference's, image by image."""
+    """How closely the candidate's answers follow the reference's, image by image."""
+    if task == "detect":
+        return compare_detections(reference, candidate, tie=CHECK_TIE)
     if task == "segment":
         shares = [float(np.mean(a == b)) for a, b in zip(reference, candidate, strict=True)]
         return {"images": len(shares), "min_pixel_agreement": min(shares),
@@ -68,12 +98,14 @@ def _cosine(a: np.ndarray[Any, Any], b: np.ndarray[Any, Any]) -> float:
 
 
 def judged_task(task: str, report: dict[str, Any], bounds: TaskBounds) -> dict[str, Any]:
-    """The report with its bounds and verdict attached (what is kept and shown)."""
-    figure, bound = (
-        ("min_pixel_agreement", bounds.min_pixel_agreement)
-        if task == "segment" else ("min_cosine", bounds.min_cosine)
-    )  # fmt: skip
-    value = report[figure]
-    failures = [] if value >= bound else [f"{figure.removeprefix('min_')} {value:.6f} < {bound}"]
-    return {**report, "bounds": {figure: asdict(bounds)[figure]}, "passed": not failures,
-            "failures": failures}  # fmt: skip
+    """The report with its bounds and verdict attached (what is kept and shown). A side with
+    no box misses none: recall is 1 where the reference answers none, precision where the
+    candidate does."""
+    failures = []
+    judged = {name: asdict(bounds)[name] for name in _JUDGED[task]}
+    for name, bound in judged.items():
+        value = report[_JUDGED[task][name]]
+        value = 1.0 if value is None else value
+        if value < bound:
+            failures.append(f"{name.removeprefix('min_')} {value:.6f} < {bound}")
+    return {**report, "bounds": judged, "passed": not failures, "failures": failures}

@@ -44,8 +44,14 @@ def openvino_exporter() -> str:
     return f"openvino{ov.get_version().split('-')[0]}-from-{onnx_exporter()}"
 
 
-def export_onnx(module: nn.Module, input_shape: tuple[int, int, int], path: Path) -> None:
-    """Write ``module`` (fp32, on the CPU) to ``path`` with a dynamic batch axis."""
+def export_onnx(
+    module: nn.Module,
+    input_shape: tuple[int, int, int],
+    path: Path,
+    outputs: tuple[str, ...] = (OUTPUT_NAME,),
+) -> None:
+    """Write ``module`` (fp32, on the CPU) to ``path`` with a dynamic batch axis, its outputs
+    named ``outputs`` (one, the logits, but for a detector's graph)."""
     import_onnx()
     module = module.eval().to(device="cpu", dtype=torch.float32)
     example = torch.randn((2, *input_shape), generator=torch.Generator().manual_seed(0))
@@ -63,7 +69,7 @@ def export_onnx(module: nn.Module, input_shape: tuple[int, int, int], path: Path
             (example,),
             dynamo=True,
             input_names=[INPUT_NAME],
-            output_names=[OUTPUT_NAME],
+            output_names=list(outputs),
             dynamic_shapes=({0: batch},),
             opset_version=OPSET,
             optimize=True,

@@ -12,16 +12,19 @@ from pathlib import Path
 import torch
 
 from app.engine.device import NAMES
+from app.engine.errors import StartupError
 from app.engine.model.artifacts import ArtifactKey, building, find
 from app.engine.model.export import (
     ONNX_FILE,
     OPENVINO_FILE,
+    OUTPUT_NAME,
     convert_to_openvino,
     export_onnx,
     onnx_exporter,
     openvino_exporter,
 )
 from app.engine.model.loading import LoadedModel, loaded_digest
+from app.engine.tasks.adapters import DetectorParts, detector_parts
 
 logger = logging.getLogger("batchserve")
 
@@ -52,11 +55,33 @@ def ensure_onnx(root: Path, loaded: LoadedModel) -> Path:
     key = artifact_key(loaded, "fp32", onnx_exporter())
     path = find(root, key, ONNX_FILE)
     if path is None:
+        graph, outputs = exported_graph(loaded)
         with building(root, key) as scratch:
-            export_onnx(copy.deepcopy(loaded.module), input_shape(loaded), scratch / ONNX_FILE)
+            export_onnx(copy.deepcopy(graph), input_shape(loaded), scratch / ONNX_FILE, outputs)
         path = key.path(root) / ONNX_FILE
         logger.info("exported %s to ONNX: %s", loaded.name, path)
     return path
+
+
+def exported_graph(loaded: LoadedModel) -> tuple[torch.nn.Module, tuple[str, ...]]:
+    """What of the model a runtime runs, and its outputs' names: the whole model, or a
+    detector's graph (``tasks.adapters.detector_parts``)."""
+    if loaded.task != "detect":
+        return loaded.module, (OUTPUT_NAME,)
+    parts = runtime_parts(loaded)
+    return parts.graph, parts.outputs
+
+
+def runtime_parts(loaded: LoadedModel) -> DetectorParts:
+    """A detector's parts for a runtime, or the one line that says why it has none."""
+    parts = detector_parts(loaded.module, loaded.transform.crop_size)
+    if parts is None:
+        raise StartupError(
+            f"{loaded.name} is served by BACKEND=torch (or auto): it answers a list of boxes "
+            f"per image, of data-dependent sizes, which an export cannot take (SSD, SSDlite "
+            f"and models returning padded (boxes, scores, labels) tensors run on every backend)"
+        )
+    return parts
 
 
 def int8_key(loaded: LoadedModel, backend: str) -> ArtifactKey:

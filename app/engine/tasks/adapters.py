@@ -13,14 +13,15 @@ data-dependent sizes) cannot be traced or captured in a CUDA graph, so it runs e
 
 from __future__ import annotations
 
-from typing import Any
+from collections.abc import Callable, Sequence
+from typing import Any, NamedTuple
 
 import torch
 from torch import nn
 from torch.nn.functional import pad
 
 from app.engine.tasks.outputs import Detections, segmentation
-from app.engine.tasks.ssd import ssd_forward
+from app.engine.tasks.ssd import SsdDecode, SsdGraph
 
 
 class TorchvisionDetector(nn.Module):
@@ -34,14 +35,60 @@ class TorchvisionDetector(nn.Module):
         self.statistics = (tuple(transform.image_mean), tuple(transform.image_std))
         model.transform = ServedBatch(transform)
         self.model = model
-        # SSD and SSDlite: their detections taken for the batch at once (``tasks.ssd``).
+        # SSD and SSDlite: in two parts, their detections taken for the batch at once.
         self.batched = type(model).__name__ == "SSD"
+        self._decoders: dict[tuple[int, int], SsdDecode] = {}
 
     def forward(self, batch: torch.Tensor) -> list[dict[str, torch.Tensor]] | Detections:
         if self.batched:
-            return ssd_forward(self.model, batch)
+            size = (int(batch.shape[-2]), int(batch.shape[-1]))
+            return self.decoder(size)(SsdGraph(self.model)(batch))
         detected: list[dict[str, torch.Tensor]] = self.model(list(batch))
         return detected
+
+    def decoder(self, size: tuple[int, int]) -> SsdDecode:
+        """An SSD's decoding for inputs of ``size`` (its anchors made once per size)."""
+        if size not in self._decoders:
+            self._decoders[size] = SsdDecode(self.model, size)
+        return self._decoders[size]
+
+
+class DetectorParts(NamedTuple):
+    """A detector as an inference runtime serves it: ``graph`` (exported, fixed shapes) and
+    ``decode``, which PyTorch runs on the graph's outputs, named ``outputs``."""
+
+    graph: nn.Module
+    decode: Callable[[Sequence[torch.Tensor]], Detections]
+    outputs: tuple[str, ...]
+
+
+def detector_parts(module: nn.Module, size: int) -> DetectorParts | None:
+    """The parts of a detector a runtime can serve at inputs of ``size``, or None: one whose
+    outputs have data-dependent shapes all through (torchvision's two-stage detectors, whose
+    region proposals and their pooling decide the boxes' count) runs on PyTorch alone.
+
+    SSD and SSDlite: backbone and heads exported, anchors and detections in PyTorch. A model
+    that returns padded ``(boxes, scores, labels)`` itself: exported whole."""
+    if isinstance(module, TorchvisionDetector):
+        if not module.batched:
+            return None
+        return DetectorParts(SsdGraph(module.model), module.decoder((size, size)),
+                             ("bbox_regression", "cls_logits"))  # fmt: skip
+    with torch.inference_mode():
+        answered = module(torch.zeros((1, 3, size, size), device=_device_of(module)))
+    if not (isinstance(answered, tuple) and len(answered) == 3):
+        return None  # a list of boxes per image, as torchvision's detectors answer
+    return DetectorParts(module, _as_detections, ("boxes", "scores", "labels"))
+
+
+def _device_of(module: nn.Module) -> torch.device:
+    first = next(module.parameters(), None)
+    return torch.device("cpu") if first is None else first.device
+
+
+def _as_detections(outputs: Sequence[torch.Tensor]) -> Detections:
+    boxes, scores, labels = outputs
+    return boxes, scores, labels.to(torch.int64)
 
 
 class ServedBatch(nn.Module):

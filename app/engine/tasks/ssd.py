@@ -7,32 +7,68 @@ for the batch in a few tensor operations: every class's top-k anchors of every i
 (the top k of the scores above the threshold are exactly the scores above the threshold among
 the top k), then each image's ``batched_nms`` (grouped by class) and its best
 ``detections_per_img``, padded into ``(boxes, scores, labels)``.
+
+The model is served in two parts: ``SsdGraph`` (backbone and heads: fixed shapes, the part an
+inference runtime can run) and ``SsdDecode`` (anchors, box decoding, the detections above),
+in PyTorch on whatever the graph returns.
 """
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from typing import Any
 
 import torch
+from torch import nn
 from torch.nn.functional import softmax
 
 from app.engine.tasks.outputs import Detections
 
 
-def ssd_forward(model: Any, batch: torch.Tensor) -> Detections:
-    """A torchvision SSD (its transform the server's ``ServedBatch``) on the server's batch:
-    backbone, heads and anchors as torchvision computes them, then ``batched_detections``."""
-    images, _ = model.transform(list(batch))
-    features = model.backbone(images.tensors)
-    features = list(features.values()) if isinstance(features, dict) else [features]
-    head = model.head(features)
-    anchors = model.anchor_generator(images, features)
-    height, width = images.image_sizes[0]
-    return batched_detections(
-        head["bbox_regression"], head["cls_logits"], torch.stack(anchors), model.box_coder,
-        (height, width), score_thresh=model.score_thresh, topk=model.topk_candidates,
-        nms_thresh=model.nms_thresh, per_image=model.detections_per_img,
-    )  # fmt: skip
+class SsdGraph(nn.Module):
+    """What of a torchvision SSD runs as one graph, on PyTorch or exported to a runtime: the
+    backbone and the heads, ``batch [N, 3, S, S]`` to ``(bbox_regression [N, A, 4],
+    cls_logits [N, A, C])``. Its transform is the server's batch (``ServedBatch``: SSD has no
+    padding to add); its anchors depend on the input's size alone (``SsdDecode``)."""
+
+    def __init__(self, model: Any) -> None:
+        super().__init__()
+        self.backbone = model.backbone
+        self.head = model.head
+
+    def forward(self, batch: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        features = self.backbone(batch.contiguous(memory_format=torch.channels_last))
+        features = list(features.values()) if isinstance(features, dict) else [features]
+        head = self.head(features)
+        return head["bbox_regression"], head["cls_logits"]
+
+
+class SsdDecode:
+    """The rest of a torchvision SSD on the graph's outputs, for inputs of one ``size``: its
+    anchors (made once: they follow the size of the input and of its feature maps, not the
+    pixels), box decoding and ``batched_detections``."""
+
+    def __init__(self, model: Any, size: tuple[int, int]) -> None:
+        from torchvision.models.detection.image_list import ImageList
+
+        self.box_coder = model.box_coder
+        self.size = size
+        self.options = {
+            "score_thresh": model.score_thresh, "topk": model.topk_candidates,
+            "nms_thresh": model.nms_thresh, "per_image": model.detections_per_img,
+        }  # fmt: skip
+        device = next(model.parameters()).device
+        with torch.inference_mode():
+            blank = torch.zeros((1, 3, *size), device=device)
+            features = model.backbone(blank)
+            features = list(features.values()) if isinstance(features, dict) else [features]
+            (self.anchors,) = model.anchor_generator(ImageList(blank, [size]), features)
+
+    def __call__(self, outputs: Sequence[torch.Tensor]) -> Detections:
+        regression, logits = outputs
+        anchors = self.anchors.to(regression.device).expand(regression.shape[0], -1, -1)
+        return batched_detections(regression, logits, anchors, self.box_coder, self.size,
+                                  **self.options)  # fmt: skip
 
 
 def batched_detections(

@@ -1,0 +1,149 @@
+"""Detectors on ONNX Runtime and OpenVINO: SSD's backbone and heads exported with its anchors
+and detections in PyTorch, a model returning padded boxes exported whole, each checked
+against eager PyTorch in boxes at start-up; and how boxes are matched."""
+
+from __future__ import annotations
+
+import shutil
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+from torch import nn
+
+from app.engine import build_engine
+from app.engine.checks.boxes import compare_detections
+from app.engine.checks.gate import served
+from app.engine.checks.startup_check import CHECK_RECORD
+from app.engine.errors import CheckFailedError, StartupError
+from app.engine.model.export import ONNX_FILE, OPENVINO_FILE, export_onnx
+from app.engine.tasks.answers import Detected
+from tests import images
+from tests.conftest import make_settings
+from tests.models import BrightBoxDetector
+
+SIZE = 64
+
+
+def detected(*rows: tuple[float, float, float, float, float, int]) -> Detected:
+    """Boxes from ``(x1, y1, x2, y2, score, label)`` rows."""
+    table = np.array(rows, dtype=np.float64).reshape(-1, 6)
+    return Detected(table[:, :4], table[:, 4], table[:, 5].astype(np.int64))
+
+
+def test_boxes_are_found_by_label_and_overlap_and_near_misses_in_score_are_no_misses() -> None:
+    reference = [detected((0, 0, 10, 10, 0.9, 1), (20, 20, 30, 30, 0.6, 2),
+                          (40, 40, 50, 50, 0.8, 1))]  # fmt: skip
+    candidate = [detected((1, 0, 11, 10, 0.85, 1),  # moved a pixel: IoU 0.82, found
+                          (20, 20, 30, 30, 0.45, 2),  # same box, a little below 0.5
+                          (40, 40, 50, 50, 0.8, 3))]  # another label: not a match  # fmt: skip
+    figures = compare_detections(reference, candidate, min_score=0.5)
+    assert figures["reference_boxes"] == 3
+    assert figures["box_recall"] == pytest.approx(2 / 3)
+    assert figures["candidate_boxes"] == 2  # 0.45 is not judged on its own side
+    assert figures["box_precision"] == pytest.approx(1 / 2)
+    assert figures["matched_iou"] == pytest.approx((90 / 110 + 1) / 2)
+    assert figures["max_score_difference"] == pytest.approx(0.15)
+
+
+def test_boxes_that_tie_with_the_last_one_served_are_not_held_against_either_side() -> None:
+    # Six boxes of the same score, three served on each side, other ones: rounding's choice.
+    ties = [(10.0 * i, 0, 10.0 * i + 8, 8, 0.25, 1) for i in range(6)]
+    figures = compare_detections([detected(*ties[:3])], [detected(*ties[3:])], tie=1e-3)
+    assert figures["tied_boxes"] == 6
+    assert figures["box_recall"] is None  # nothing left to judge: no miss
+    strict = compare_detections([detected(*ties[:3])], [detected(*ties[3:])])
+    assert strict["box_recall"] == strict["box_precision"] == 0.0
+
+
+def test_boxes_flattened_at_the_images_edge_match_only_their_own_corners() -> None:
+    flat = detected((600, 768, 1000, 768, 0.2, 1))  # past the bottom edge, clipped
+    same = detected((600.2, 768, 1000.3, 768, 0.2, 1))
+    elsewhere = detected((100, 768, 300, 768, 0.2, 1))
+    assert compare_detections([flat], [same])["box_recall"] == 1.0
+    assert compare_detections([flat], [elsewhere])["box_recall"] == 0.0
+
+
+def test_a_detector_answering_a_list_per_image_is_served_by_pytorch_alone(tmp_path: Path) -> None:
+    model = "tests.models:bright_list_detector"
+    settings = make_settings(model=model, task="detect", image_size=SIZE, backend="onnxruntime",
+                             artifacts_dir=tmp_path)  # fmt: skip
+    with pytest.raises(StartupError, match=r"served by BACKEND=torch .* a list of boxes per image"):
+        build_engine(settings.own_model())
+    auto = make_settings(model=model, task="detect", image_size=SIZE, backend="auto",
+                         artifacts_dir=tmp_path)  # fmt: skip
+    engine = build_engine(auto.own_model())
+    assert engine.backend.name == "torch"
+    assert "a list of boxes per image" in engine.backend.describe()["auto"]["reason"]
+
+
+class Shifted(nn.Module):
+    """The bright box detector with every box moved by half the input: a broken export."""
+
+    def forward(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        boxes, scores, labels = BrightBoxDetector()(x)
+        return boxes + SIZE / 2, scores, labels
+
+
+@pytest.mark.parametrize("backend", ["onnxruntime", "openvino"])
+def test_an_exported_detector_that_answers_other_boxes_stops_start_up(
+    tmp_path: Path, backend: str
+) -> None:
+    settings = make_settings(model="tests.models:bright_box_detector", task="detect",
+                             image_size=SIZE, backend=backend, artifacts_dir=tmp_path)  # fmt: skip
+    build_engine(settings.own_model())
+    for folder in list(tmp_path.iterdir()):
+        if (folder / OPENVINO_FILE).is_file():
+            shutil.rmtree(folder)  # converted again, from the ONNX export below
+        elif (folder / ONNX_FILE).is_file():
+            (folder / CHECK_RECORD).unlink(missing_ok=True)  # the good export's verdict
+            export_onnx(Shifted(), (3, SIZE, SIZE), folder / ONNX_FILE,
+                        ("boxes", "scores", "labels"))  # fmt: skip
+    with pytest.raises(CheckFailedError, match=r"box_recall 0\.000000 < 0\.95"):
+        build_engine(settings.own_model())
+
+
+@pytest.fixture(scope="module")
+def ssdlite_weights(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """SSDlite's weights drawn at random with He's normal scale, its class logits damped and
+    leaning to the background as a trained detector's are: scores that differ from anchor to
+    anchor, a few of them high (torchvision's own initialisation scores every anchor 1/91)."""
+    import torchvision
+
+    model = torchvision.models.get_model("ssdlite320_mobilenet_v3_large", weights=None,
+                                         weights_backbone=None)  # fmt: skip
+    generator = torch.Generator().manual_seed(0)
+    with torch.no_grad():
+        for parameter in model.parameters():
+            if parameter.dim() > 1:
+                scale = (2.0 / parameter[0].numel()) ** 0.5
+                parameter.copy_(torch.randn(parameter.shape, generator=generator) * scale)
+        for block in model.head.classification_head.module_list:
+            block[-1].weight.mul_(0.25)
+            block[-1].bias.view(-1, 91)[:, 0] += 4.0  # per anchor: 91 classes, background first
+    path = tmp_path_factory.mktemp("ssdlite") / "ssdlite.pt"
+    torch.save(model.state_dict(), path)
+    return path
+
+
+def test_ssdlite_on_onnx_runtime_answers_pytorchs_boxes(
+    tmp_path: Path, ssdlite_weights: Path
+) -> None:
+    common = {"model": "ssdlite320_mobilenet_v3_large", "weights": str(ssdlite_weights),
+              "artifacts_dir": tmp_path}  # fmt: skip
+    runtime = build_engine(make_settings(backend="onnxruntime", **common).own_model())
+    check = runtime.check
+    assert check is not None
+    assert check["passed"], check
+    assert check["reference_boxes"] > 100  # judged, not tied
+    assert check["matched_iou"] > 0.999
+    eager = build_engine(make_settings(backend="torch", **common).own_model())
+    sizes = [(400, 300), (200, 320), (333, 333)]
+    photos = [images.jpeg(images.photo(w, h, seed=seed)) for seed, (w, h) in enumerate(sizes)]
+    ours = [p.detected for p in served(runtime, photos) if p.detected is not None]
+    theirs = [p.detected for p in served(eager, photos) if p.detected is not None]
+    figures = compare_detections(theirs, ours, min_score=0.3)
+    assert figures["reference_boxes"] > 0
+    assert figures["box_recall"] == figures["box_precision"] == 1.0
+    assert figures["matched_iou"] > 0.999
