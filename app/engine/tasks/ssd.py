@@ -86,7 +86,7 @@ def batched_detections(
     """``regression [N, A, 4]``, ``logits [N, A, C]`` (class 0 the background) and
     ``anchors [N, A, 4]`` of images of one ``size`` (height, width) to padded detections,
     best first in each image."""
-    from torchvision.ops import batched_nms, clip_boxes_to_image
+    from torchvision.ops import clip_boxes_to_image
 
     n, count, _ = regression.shape
     boxes = box_coder.decode_single(regression.reshape(-1, 4), anchors.reshape(-1, 4))
@@ -104,7 +104,8 @@ def batched_detections(
     found = []  # per image: the indices of its candidates that survive, best first
     for each in range(n):
         mine = torch.nonzero(image == each).squeeze(1)
-        found.append(mine[batched_nms(box[mine], score[mine], label[mine], nms_thresh)[:per_image]])
+        found.append(mine[best_survivors(box[mine], score[mine], label[mine], nms_thresh,
+                                         per_image)])  # fmt: skip
     width = max(1, *map(len, found))
     out_boxes = boxes.new_zeros((n, width, 4))
     out_scores = scores.new_zeros((n, width))
@@ -114,3 +115,24 @@ def batched_detections(
         out_scores[each, : len(survivors)] = score[survivors]
         out_labels[each, : len(survivors)] = label[survivors]
     return out_boxes, out_scores, out_labels
+
+
+def best_survivors(
+    boxes: torch.Tensor, scores: torch.Tensor, labels: torch.Tensor, iou: float, keep: int
+) -> torch.Tensor:
+    """``batched_nms(boxes, scores, labels, iou)[:keep]``, found among the best candidates
+    only. Suppression takes each class's boxes best first, so whether a box survives depends
+    on the better boxes of its class alone: once the best ``m`` candidates leave ``keep``
+    survivors, no later candidate can be among the first ``keep``. A random-weight SSDlite
+    scores every anchor of every class alike, 27,000 candidates an image; a trained one still
+    has thousands above its threshold of 0.001 (equal scores may come out in another order)."""
+    from torchvision.ops import batched_nms
+
+    order = scores.argsort(descending=True)
+    head = 2 * keep
+    while True:
+        best = order[:head]
+        survivors = best[batched_nms(boxes[best], scores[best], labels[best], iou)]
+        if len(survivors) >= keep or head >= len(order):
+            return survivors[:keep]
+        head *= 4
