@@ -41,9 +41,7 @@ def measure(model: str, backend: str, artifacts: Path, repeats: int) -> dict[str
     """In this process: milliseconds per image at batch 1 and 8 (best of ``repeats``)."""
     import torch
 
-    from app.engine import build_engine
-    from app.engine.factory import load_configured_model
-    from app.engine.int8.quantize import calibration_batches
+    from app.engine import build_engine, calibration_batches, load_configured_model
     from app.settings import Settings
     from benchmarks.corpus import generate
 
