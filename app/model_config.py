@@ -106,7 +106,8 @@ class ModelKeys(BaseModel):
     """Mean total variation distance between fp32's and INT8's class probabilities."""
     int8_gate_max_probability_difference: float = Field(0.25, ge=0, le=1)
     """The largest change of any class probability on any gate image."""
-    # The same gate for a segmenter (against fp32's masks) and an encoder (fp32's vectors).
+    # The gate of a segmenter (against fp32's masks), an encoder (fp32's vectors) and a
+    # detector (fp32's confident boxes).
     int8_gate_min_worst_pixel_agreement: float = Field(0.9, ge=0, le=1)
     """A segmenter's INT8 gate: the share of pixels given fp32's class, on its worst image."""
     int8_gate_min_mean_iou: float = Field(0.85, ge=0, le=1)
@@ -118,6 +119,18 @@ class ModelKeys(BaseModel):
     int8_gate_min_neighbour_agreement: float = Field(0.9, ge=0, le=1)
     """An encoder's INT8 gate: the share of gate images whose nearest neighbour among them is
     the same in INT8 as in fp32."""
+    int8_gate_confident_score: float = Field(0.5, gt=0, le=1)
+    """A detector's INT8 gate: the score from which a box is confident, and judged."""
+    int8_gate_min_confident_boxes: int = Field(20, ge=1)
+    """A detector's INT8 gate: fewer of fp32's confident boxes on the gate images, and the
+    gate refuses to judge."""
+    int8_gate_min_box_recall: float = Field(0.9, ge=0, le=1)
+    """A detector's INT8 gate: the share of fp32's confident boxes INT8 finds (same label,
+    IoU >= 0.5)."""
+    int8_gate_min_box_precision: float = Field(0.9, ge=0, le=1)
+    """A detector's INT8 gate: the share of INT8's confident boxes fp32 finds."""
+    int8_gate_min_matched_iou: float = Field(0.85, ge=0, le=1)
+    """A detector's INT8 gate: the mean IoU of fp32's boxes with INT8's that found them."""
     int8_gate_min_images: int = Field(30, ge=1, le=100_000)
     """The fewest gate images (held-out photos and five variants of each) the gate judges on."""
 

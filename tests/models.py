@@ -329,3 +329,38 @@ class ConvEncoder(nn.Module):
 
 def conv_encoder() -> nn.Module:
     return ConvEncoder()
+
+
+GRID = 7  # a detector's cells along each side
+
+
+class ConvGridDetector(nn.Module):
+    """A detector through real convolutions, for INT8: the conv segmenter's colour logits
+    pooled to a 7x7 grid of cells, each of which answers one box (label: its strongest colour,
+    1 to 3; score: how far that colour leads, so that some cells are confident and others not;
+    box: the cell, grown by how strong its colour is), ``(boxes, scores, labels)``."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.colours = ConvSegmenter()
+        self.cells = nn.AdaptiveAvgPool2d(GRID)
+
+    def forward(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        colours = self.colours
+        logits = colours.classes(torch.relu(colours.smooth(torch.relu(colours.stem(x)))))
+        cells = self.cells(logits).flatten(2).transpose(1, 2)  # [N, cells, 3]
+        top = cells.topk(2, dim=2).values
+        scores = torch.sigmoid(top[..., 0] - top[..., 1] - 2)
+        labels = cells.argmax(dim=2) + 1
+        height, width = x.shape[-2] / GRID, x.shape[-1] / GRID
+        index = torch.arange(GRID * GRID, device=x.device)
+        centre_x = ((index % GRID).float() + 0.5) * width
+        centre_y = ((index // GRID).float() + 0.5) * height
+        grow = 0.5 + 0.5 * torch.sigmoid(top[..., 0] / 4 - 1)  # of a cell's side, each way
+        boxes = torch.stack([centre_x - grow * width, centre_y - grow * height,
+                             centre_x + grow * width, centre_y + grow * height], dim=2)  # fmt: skip
+        return boxes, scores, labels
+
+
+def conv_grid_detector() -> nn.Module:
+    return ConvGridDetector()

@@ -1,12 +1,13 @@
-"""INT8 for segmenters and encoders: built on the runtimes, judged by a gate in the task's own
-terms (masks' pixel agreement and mean IoU; vectors' cosines and nearest neighbours), and
-never served when the gate fails."""
+"""INT8 for detectors, segmenters and encoders: built on the runtimes, judged by a gate in the
+task's own terms (fp32's confident boxes found again; masks' pixel agreement and mean IoU;
+vectors' cosines and nearest neighbours), and never served when the gate fails."""
 
 from __future__ import annotations
 
 import base64
 import io
 import math
+from dataclasses import asdict
 from pathlib import Path
 from typing import Any
 
@@ -15,7 +16,9 @@ import pytest
 from PIL import Image
 
 from app.engine import build_engine
+from app.engine.checks.gate import looser
 from app.engine.checks.task_gate import (
+    DetectBounds,
     EmbedBounds,
     SegmentBounds,
     compare_answers,
@@ -28,9 +31,56 @@ from app.engine.model.artifacts import REPORT, read_json
 from app.settings import Settings
 from tests import images
 from tests.conftest import make_settings, serve
+from tests.test_detector_runtimes import detected
 
 SEGMENTER = "tests.models:conv_segmenter"
 ENCODER = "tests.models:conv_encoder"
+DETECTOR = "tests.models:conv_grid_detector"
+MODELS = {"detect": DETECTOR, "segment": SEGMENTER, "embed": ENCODER}
+
+DETECT_BOUNDS = DetectBounds(confident_score=0.5, min_confident_boxes=3, min_box_recall=0.9,
+                             min_box_precision=0.9, min_matched_iou=0.85)  # fmt: skip
+
+
+def test_a_detector_is_judged_by_fp32s_confident_boxes_found_again() -> None:
+    reference = [detected((0, 0, 10, 10, 0.9, 1), (20, 20, 30, 30, 0.7, 2)),
+                 detected((0, 0, 20, 20, 0.8, 1), (50, 50, 60, 60, 0.3, 1))]  # fmt: skip
+    candidate = [detected((0, 0, 10, 10, 0.9, 1), (22, 20, 32, 30, 0.7, 2)),  # moved 2 pixels
+                 detected((0, 0, 20, 20, 0.8, 1))]  # fmt: skip
+    figures = compare_answers("detect", reference, candidate, confident_score=0.5)
+    # The unconfident box is not judged: three confident boxes, every one found.
+    assert figures["confident_boxes"] == 3
+    assert figures["box_recall"] == figures["box_precision"] == 1.0
+    assert figures["matched_iou"] == pytest.approx((1 + 80 / 120 + 1) / 3)
+    assert not task_verdict(figures, DETECT_BOUNDS)
+    stricter = DetectBounds(**(asdict(DETECT_BOUNDS) | {"min_matched_iou": 0.9}))
+    assert task_verdict(figures, stricter) == ["matched iou 0.8889 < 0.9"]
+    # A confident box lost: recall falls; one INT8 invents: precision falls.
+    lost = [detected((0, 0, 10, 10, 0.9, 1)), candidate[1]]
+    invented = [candidate[0], detected((0, 0, 20, 20, 0.8, 1), (70, 70, 90, 90, 0.9, 3))]
+    assert compare_answers("detect", reference, lost)["box_recall"] == pytest.approx(2 / 3)
+    assert compare_answers("detect", reference, invented)["box_precision"] == pytest.approx(3 / 4)
+
+
+def test_too_few_confident_boxes_to_judge_is_a_refusal_never_a_pass() -> None:
+    reference = [detected((0, 0, 10, 10, 0.9, 1), (20, 20, 30, 30, 0.4, 2))]
+    figures = compare_answers("detect", reference, reference, confident_score=0.5)
+    assert (figures["box_recall"], figures["box_precision"], figures["matched_iou"]) == (1, 1, 1)
+    (failure,) = task_verdict(figures, DETECT_BOUNDS)
+    assert failure == "too few confident boxes to judge (1 < 3, scoring at least 0.5)"
+    nothing = compare_answers("detect", [detected()], [detected()], confident_score=0.5)
+    assert task_verdict(nothing, DETECT_BOUNDS) == [
+        "too few confident boxes to judge (0 < 3, scoring at least 0.5)"
+    ]
+
+
+def test_a_report_judged_from_another_confident_score_is_judged_again() -> None:
+    judged_by = {"confident_score": 0.5, "min_confident_boxes": 3, "min_box_recall": 0.9,
+                 "min_box_precision": 0.9, "min_matched_iou": 0.85}  # fmt: skip
+    assert looser(judged_by, DETECT_BOUNDS) == []
+    for score in (0.4, 0.6):  # neither floor nor ceiling: any other value judges anew
+        other = DetectBounds(**(judged_by | {"confident_score": score}))  # type: ignore[arg-type]
+        assert looser(judged_by, other) == ["confident_score"]
 
 
 def test_a_mask_that_loses_a_small_class_agrees_on_pixels_and_fails_on_mean_iou() -> None:
@@ -79,12 +129,12 @@ def photo_folder(tmp_path: Path, count: int = 10) -> Path:
 # that these figures judge, not how good INT8 is on a model of fixed filters.
 ROOMY = {"int8_gate_min_worst_pixel_agreement": 0.8, "int8_gate_min_mean_iou": 0.8,
          "int8_gate_min_mean_cosine": 0.95, "int8_gate_min_worst_cosine": 0.9,
-         "int8_gate_min_neighbour_agreement": 0.6}  # fmt: skip
+         "int8_gate_min_neighbour_agreement": 0.6, "int8_gate_min_box_recall": 0.8,
+         "int8_gate_min_box_precision": 0.8, "int8_gate_min_matched_iou": 0.8}  # fmt: skip
 
 
 def task_settings(tmp_path: Path, task: str, backend: str, **overrides: Any) -> Settings:
-    model = SEGMENTER if task == "segment" else ENCODER
-    values = {"model": model, "task": task, "backend": backend, "precision": "int8",
+    values = {"model": MODELS[task], "task": task, "backend": backend, "precision": "int8",
               "image_size": 224, "artifacts_dir": tmp_path / "artifacts", **ROOMY}  # fmt: skip
     return make_settings(**(values | overrides))
 
@@ -93,6 +143,8 @@ def task_settings(tmp_path: Path, task: str, backend: str, **overrides: Any) -> 
 @pytest.mark.parametrize(
     ("task", "figures", "impossible"),
     [
+        ("detect", {"confident_boxes", "box_recall", "box_precision", "matched_iou"},
+         {"int8_gate_min_matched_iou": 1.0}),
         ("segment", {"worst_pixel_agreement", "mean_iou"},
          {"int8_gate_min_mean_iou": 1.0, "int8_gate_min_worst_pixel_agreement": 1.0}),
         ("embed", {"mean_cosine", "worst_cosine", "neighbour_agreement"},
@@ -111,8 +163,8 @@ async def test_int8_serves_a_task_only_behind_its_own_gate(
     gate = model["backend"]["int8_gate"]
     assert gate["passed"], gate
     assert figures <= set(gate)
-    assert all(0 < gate[name] <= 1 for name in figures)
-    assert set(gate["bounds"]) == {f"min_{name}" for name in figures}
+    assert all(0 < gate[name] <= 1 for name in figures - {"confident_boxes"})
+    assert set(gate["bounds"]) - {"confident_score"} == {f"min_{name}" for name in figures}
     assert "top1_agreement" not in gate
     report = read_json(Path(model["backend"]["artifact"]).parent / REPORT)
     assert report is not None
@@ -123,7 +175,12 @@ async def test_int8_serves_a_task_only_behind_its_own_gate(
     tried = [each["recipe"] for each in report["recipes"]]
     assert tried[0] == ("nncf" if backend == "openvino" else "qdq") + f"-w{bits}"
     assert not any(name.endswith("accuracy-control") for name in tried)
-    if task == "segment":
+    if task == "detect":
+        assert gate["confident_boxes"] >= 20
+        found = answer.json()["detections"]
+        assert found
+        assert all(0 <= box["box"][0] < box["box"][2] <= 300 for box in found)
+    elif task == "segment":
         mask = Image.open(io.BytesIO(base64.b64decode(answer.json()["mask"])))
         assert mask.size == (300, 200)
     else:
@@ -153,3 +210,34 @@ def test_accuracy_control_is_refused_for_a_segmenter(tmp_path: Path) -> None:
     with pytest.raises(StartupError, match="accuracy control measures class probabilities"):
         build_int8(config, load_configured_model(config), photo_folder(tmp_path),
                    recipe="nncf-w8-accuracy-control")  # fmt: skip
+
+
+def test_a_detector_confident_of_too_little_is_refused_int8(tmp_path: Path) -> None:
+    # The grid detector is confident of some 600 boxes on the gate images; ask for more.
+    settings = task_settings(tmp_path, "detect", "onnxruntime",
+                             calibration_dir=photo_folder(tmp_path),
+                             int8_gate_min_confident_boxes=100_000)  # fmt: skip
+    with pytest.raises(UngatedModelError, match="too few confident boxes to judge"):
+        build_engine(settings.own_model())
+    report = read_json(next((tmp_path / "artifacts").glob("*int8*/report.json")))
+    assert report is not None
+    assert not report["passed"]
+    assert report["box_recall"] > 0.8  # INT8 found fp32's boxes, yet there were too few
+    assert len(report["recipes"]) == 1  # no recipe could pass: none after the first is tried
+
+
+@pytest.mark.parametrize(
+    ("model", "backend", "precision", "why"),
+    [
+        (DETECTOR, "torch", "bf16", "TASK=detect is served in fp32 or int8 on a CPU"),
+        ("tests.models:bright_list_detector", "onnxruntime", "int8", "a list of boxes"),
+    ],
+)
+def test_what_a_detector_cannot_be_served_in_stops_start_up_in_a_line(
+    tmp_path: Path, model: str, backend: str, precision: str, why: str
+) -> None:
+    settings = task_settings(tmp_path, "detect", backend, model=model, precision=precision,
+                             calibration_dir=photo_folder(tmp_path))  # fmt: skip
+    with pytest.raises(StartupError, match=why) as raised:
+        build_engine(settings.own_model())
+    assert "\n" not in str(raised.value)

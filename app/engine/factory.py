@@ -43,6 +43,7 @@ from app.engine.model.store import (
     torchscript_artifact,
 )
 from app.engine.observer import EngineObserver
+from app.engine.tasks import server_nms
 from app.model_config import ModelConfig
 from app.startup import Phases
 from batching import BatchConfig
@@ -138,7 +139,8 @@ def _engine_for(
             max_inflight_batches=batching.max_inflight_batches,
             decode_on_device=resolve_decode_device(config.decode_device, device),
             device_lock=device_lock, torch_threads=torch_threads_in_batches(backend, config),
-            nms_iou=_server_nms(config, loaded), embed_normalize=config.embed_normalize,
+            nms_iou=server_nms(loaded.task, config.model, config.nms_iou),
+            embed_normalize=config.embed_normalize,
         )  # fmt: skip
 
     # Candidates (of a precision or a backend) whose start-up check passed, and its report.
@@ -169,8 +171,7 @@ def _engine_for(
             lambda name, precision: _build_backend(
                 config.with_backend(name, precision), loaded, build, own_copy=True
             ),
-            lambda name: loaded.task != "detect"
-            and int8_ready(config.with_backend(name, "int8"), loaded),
+            lambda name: int8_ready(config.with_backend(name, "int8"), loaded),
             failures_of, device_lock, build.machine,
         )  # fmt: skip
         # Measuring (and building the candidates that lost) is the choice's own time.
@@ -216,14 +217,6 @@ def _build_backend(
     return _runtime_backend(config, loaded, build)
 
 
-def _server_nms(config: ModelConfig, loaded: LoadedModel) -> float | None:
-    """The IoU of the server's non-maximum suppression for a detector: none for
-    torchvision's, which run their own, nor with ``NMS_IOU=0``."""
-    if loaded.task != "detect" or ":" not in config.model or config.nms_iou == 0:
-        return None
-    return config.nms_iou
-
-
 def _exportable(loaded: LoadedModel) -> bool:
     """Whether a runtime can serve the model (every one but a detector answering a list of
     boxes per image)."""
@@ -237,11 +230,10 @@ def _exportable(loaded: LoadedModel) -> bool:
 
 
 def _check_task_support(config: ModelConfig, task: str, device: torch.device) -> None:
-    """The precisions a task other than classification is served in on a CPU: fp32 for a
-    detector (on PyTorch, or on a runtime where its graph exports: ``runtime_parts``), fp32 or
-    INT8 behind its task's gate for a segmenter or an encoder (bf16's measured choice is the
-    classifiers' alone)."""
-    served = ("auto", "fp32") if task == "detect" else ("auto", "fp32", "int8")
+    """The precisions a task other than classification is served in on a CPU: fp32, or INT8
+    behind its task's gate (a detector's on a runtime, where its graph exports:
+    ``runtime_parts``); bf16's measured choice is the classifiers' alone."""
+    served = ("auto", "fp32", "int8")
     if device.type == "cpu" and config.precision not in served:
         raise StartupError(
             f"TASK={task} is served in {' or '.join(served[1:])} on a CPU, "

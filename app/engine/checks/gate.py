@@ -64,34 +64,45 @@ CHECK_BOUNDS = {
 
 def looser(judged_by: dict[str, Any], bounds: Any) -> list[str]:
     """The bounds in ``bounds`` (a dataclass of ``min_`` floors and ``max_`` ceilings, of any
-    task) that are stricter than those a stored report was judged by."""
+    task) that are stricter than those a stored report was judged by, and its parameters
+    (neither: a detector's confident score) that differ from those it was judged with."""
 
     def stricter(name: str, value: float) -> bool:
         stored = judged_by.get(name)
         if not isinstance(stored, int | float):
             return True
-        return value > stored if name.startswith("min_") else value < stored
+        if name.startswith("min_"):
+            return value > stored
+        return value < stored if name.startswith("max_") else value != stored
 
     return [name for name, value in asdict(bounds).items() if stricter(name, value)]
 
 
 def eager_reference(
-    loaded: LoadedModel, module: nn.Module | None = None, like: InferenceEngine | None = None
+    loaded: LoadedModel,
+    module: nn.Module | None = None,
+    like: InferenceEngine | None = None,
+    nms_iou: float | None = None,
 ) -> InferenceEngine:
     """Eager fp32 PyTorch on the CPU (on a copy of the model unless ``module`` is given): the
-    reference every other configuration is judged against (answering as ``like`` does)."""
+    reference every other configuration is judged against (answering as ``like`` does, or
+    with the server's suppression at ``nms_iou``)."""
     module = copy.deepcopy(loaded.module) if module is None else module
     crop = loaded.transform.crop_size
     backend = TorchBackend(module.float(), torch.device("cpu"), torch.float32, (3, crop, crop))
-    return engine_for(loaded, backend, like)
+    return engine_for(loaded, backend, like, nms_iou)
 
 
 def engine_for(
-    loaded: LoadedModel, backend: Backend, like: InferenceEngine | None = None
+    loaded: LoadedModel,
+    backend: Backend,
+    like: InferenceEngine | None = None,
+    nms_iou: float | None = None,
 ) -> InferenceEngine:
     """A plain engine around ``backend``, for comparisons outside the server; its answers
-    made as ``like``'s are (a detector's suppression, an encoder's normalisation)."""
-    answering: dict[str, Any] = {}
+    made as ``like``'s are (a detector's suppression, an encoder's normalisation), or with
+    the server's suppression at ``nms_iou``."""
+    answering: dict[str, Any] = {"nms_iou": nms_iou}
     if like is not None:
         answering = {"nms_iou": like.nms_iou, "embed_normalize": like.embed_normalize}
     return InferenceEngine(loaded, backend, max_batch_size=8, max_inflight_batches=1,

@@ -1,8 +1,14 @@
-"""The INT8 accuracy gate of a segmenter or an encoder, in its task's own terms.
+"""The INT8 accuracy gate of a detector, a segmenter or an encoder, in its task's own terms.
 
 A classifier's gate compares class probabilities (``gate.compare``). Against eager fp32
 PyTorch, through the whole serving path, on the held-out gate images:
 
+- a detector's boxes: fp32's confident boxes (scoring at least ``confident_score``) matched
+  to INT8's of the same label at IoU >= 0.5 (``boxes``): the share of them INT8 finds
+  (recall), the share of INT8's confident boxes fp32 finds (precision), and the mean IoU of
+  the matches (how far the found boxes moved). Too few confident boxes to judge by
+  (``min_confident_boxes``) is a refusal, never a pass: a gate set on which fp32 is
+  confident of nothing says nothing of INT8;
 - a segmenter's masks: the share of each image's pixels given fp32's class (the worst image
   and the mean), and the mean IoU of fp32's and INT8's masks (per class, pixels pooled over
   every image, averaged over the classes either gives some pixel): a model may agree on most
@@ -12,7 +18,8 @@ PyTorch, through the whole serving path, on the held-out gate images:
   is the same in both: search and deduplication answer with neighbours, and a small drift of
   every vector can still reorder them.
 
-Each figure has a floor: a bound named ``min_<figure>``.
+Each figure has a floor: a bound named ``min_<figure>``; a bound without that prefix is a
+parameter of the comparison.
 """
 
 from __future__ import annotations
@@ -23,11 +30,23 @@ from typing import Any
 
 import numpy as np
 
+from app.engine.checks.boxes import compare_detections
 from app.engine.checks.gate import compare, probabilities
 from app.engine.checks.task_check import answers
 from app.engine.engine import InferenceEngine
 
-TASKS_GATED = ("segment", "embed")
+TASKS_GATED = ("detect", "segment", "embed")
+
+
+@dataclass(frozen=True)
+class DetectBounds:
+    """What an INT8 detector must keep of fp32's confident boxes."""
+
+    confident_score: float
+    min_confident_boxes: int
+    min_box_recall: float
+    min_box_precision: float
+    min_matched_iou: float
 
 
 @dataclass(frozen=True)
@@ -47,15 +66,19 @@ class EmbedBounds:
     min_neighbour_agreement: float
 
 
-TaskBounds = SegmentBounds | EmbedBounds
+TaskBounds = DetectBounds | SegmentBounds | EmbedBounds
 
 
 def compare_answers(
-    task: str, reference: Sequence[np.ndarray[Any, Any]], candidate: Sequence[np.ndarray[Any, Any]]
+    task: str, reference: Sequence[Any], candidate: Sequence[Any], confident_score: float = 0.5
 ) -> dict[str, Any]:
-    """How closely the candidate's masks or vectors follow the reference's."""
+    """How closely the candidate's boxes, masks or vectors follow the reference's (a
+    detector's judged from ``confident_score``)."""
     if len(reference) != len(candidate):
         raise ValueError(f"{len(reference)} reference answers against {len(candidate)}")
+    if task == "detect":
+        figures = compare_detections(reference, candidate, min_score=confident_score)
+        return figures | {"confident_boxes": figures["reference_boxes"]}
     if task == "segment":
         return _masks(reference, candidate)
     if task == "embed":
@@ -122,13 +145,31 @@ def _nearest(unit: np.ndarray[Any, Any]) -> np.ndarray[Any, Any]:
 
 def figure_names(bounds: Any) -> list[str]:
     """The figures ``bounds`` judge."""
-    return [field.name.removeprefix("min_") for field in fields(bounds)]
+    return [field.name.removeprefix("min_") for field in fields(bounds)
+            if field.name.startswith("min_")]  # fmt: skip
+
+
+def too_few_to_judge(report: dict[str, Any], bounds: Any) -> str | None:
+    """Why the report cannot judge at all (a detector's gate set with too few of fp32's
+    confident boxes: no recipe can pass it), or None."""
+    if not isinstance(bounds, DetectBounds):
+        return None
+    count = report.get("confident_boxes")
+    if isinstance(count, int) and count >= bounds.min_confident_boxes:
+        return None
+    return (f"too few confident boxes to judge ({count} < {bounds.min_confident_boxes}, "
+            f"scoring at least {bounds.confident_score})")  # fmt: skip
 
 
 def task_verdict(report: dict[str, Any], bounds: TaskBounds) -> list[str]:
-    """The floors the report misses (empty: it passes)."""
+    """The floors the report misses (empty: it passes); a refusal to judge alone."""
+    refusal = too_few_to_judge(report, bounds)
+    if refusal is not None:
+        return [refusal]
     failures = []
     for name, bound in asdict(bounds).items():
+        if not name.startswith("min_"):
+            continue
         figure = name.removeprefix("min_")
         value = report.get(figure)
         what = figure.replace("_", " ")
@@ -141,12 +182,15 @@ def task_verdict(report: dict[str, Any], bounds: TaskBounds) -> list[str]:
 
 def gate_answers(engine: InferenceEngine, images: Sequence[bytes]) -> Any:
     """What a gate compares, through the whole serving path: every class's probability
-    (``[images, classes]``) for a classifier, else each image's mask or vector."""
+    (``[images, classes]``) for a classifier, else each image's boxes, mask or vector."""
     return probabilities(engine, images) if engine.task == "classify" else answers(engine, images)
 
 
-def gate_compare(task: str, reference: Any, candidate: Any) -> dict[str, Any]:
-    """The figures of the candidate's answers against the reference's, in the task's terms."""
+def gate_compare(task: str, reference: Any, candidate: Any, bounds: Any) -> dict[str, Any]:
+    """The figures of the candidate's answers against the reference's, in the task's terms
+    (those ``bounds`` judge)."""
     if task == "classify":
         return compare(reference, candidate)
+    if isinstance(bounds, DetectBounds):
+        return compare_answers(task, reference, candidate, bounds.confident_score)
     return compare_answers(task, reference, candidate)

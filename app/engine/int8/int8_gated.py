@@ -10,7 +10,6 @@ from dataclasses import asdict
 from pathlib import Path
 from typing import Any
 
-from app.engine.backends import open_runtime
 from app.engine.checks.gate import eager_reference, engine_for
 from app.engine.checks.task_gate import figure_names, gate_answers, gate_compare
 from app.engine.errors import UngatedModelError
@@ -24,10 +23,11 @@ from app.engine.int8.int8_report import (
     int8_failures,
     reasons_to_rejudge,
 )
-from app.engine.int8.quantize import build_int8
+from app.engine.int8.quantize import build_int8, runtime_backend
 from app.engine.model.artifacts import REPORT, read_json
 from app.engine.model.loading import LoadedModel, loaded_digest
 from app.engine.model.store import int8_artifact, int8_key
+from app.engine.tasks import server_nms
 from app.model_config import ModelConfig
 
 logger = logging.getLogger("batchserve")
@@ -100,7 +100,7 @@ _SHOWN = (
 
 
 def _shown_for(bounds: Int8Bounds) -> tuple[str, ...]:
-    """What ``/v1/models`` shows of a segmenter's or an encoder's gate."""
+    """What ``/v1/models`` shows of a detector's, a segmenter's or an encoder's gate."""
     return ("recipe", *figure_names(bounds), "images", "images_per_second",
             "fp32_images_per_second")  # fmt: skip
 
@@ -120,12 +120,11 @@ def _rejudge(
             f"beside it (INT8_GATE_MIN_IMAGES={config.int8_gate_min_images}): build it again "
             f"with `python -m app.quantize --calibration DIR`"
         ]}  # fmt: skip
-    backend = open_runtime(
-        config.backend, path, precision="int8", threads=config.threads, classes=len(loaded.labels)
-    )
-    reference = gate_answers(eager_reference(loaded), images)
-    candidate = gate_answers(engine_for(loaded, backend), images)
-    figures = gate_compare(loaded.task, reference, candidate)
+    backend = runtime_backend(config.backend, path, loaded, "int8", config.threads)
+    nms_iou = server_nms(loaded.task, config.model, config.nms_iou)
+    reference = gate_answers(eager_reference(loaded, nms_iou=nms_iou), images)
+    candidate = gate_answers(engine_for(loaded, backend, nms_iou=nms_iou), images)
+    figures = gate_compare(loaded.task, reference, candidate, bounds)
     # The speed measured when it was built, if the report is this artefact's.
     if report is not None and report.get("artifact_sha256") == artifact_digest(path):
         for key in ("recipe", "images_per_second", "fp32_images_per_second"):

@@ -20,6 +20,7 @@ from typing import Any
 
 from app.engine.checks.gate import Bounds, looser, verdict
 from app.engine.checks.task_gate import (
+    DetectBounds,
     EmbedBounds,
     SegmentBounds,
     figure_names,
@@ -158,7 +159,7 @@ def reasons_to_rejudge(
 _FIGURES = ("confident_top1_agreement", "plausible_top1", "mean_total_variation",
             "max_probability_difference", "top1_agreement")  # fmt: skip
 
-Int8Bounds = Bounds | SegmentBounds | EmbedBounds
+Int8Bounds = Bounds | DetectBounds | SegmentBounds | EmbedBounds
 
 
 def _readable(report: dict[str, Any], bounds: Int8Bounds) -> bool:
@@ -167,9 +168,15 @@ def _readable(report: dict[str, Any], bounds: Int8Bounds) -> bool:
     if "images" not in report:
         failures = report.get("failures")
         return isinstance(failures, list) and all(isinstance(each, str) for each in failures)
-    names = _FIGURES if isinstance(bounds, Bounds) else figure_names(bounds)
-    return all(isinstance(report.get(key), int | float) and not isinstance(report.get(key), bool)
-               for key in names)  # fmt: skip
+    if isinstance(bounds, Bounds):
+        return all(_number(report.get(key)) for key in _FIGURES)
+    # A task's figure may be None: not measured (no box found), which its verdict fails.
+    return all(key in report and (report[key] is None or _number(report[key]))
+               for key in figure_names(bounds))  # fmt: skip
+
+
+def _number(value: Any) -> bool:
+    return isinstance(value, int | float) and not isinstance(value, bool)
 
 
 def gate_verdict(report: dict[str, Any], bounds: Int8Bounds) -> list[str]:
@@ -191,6 +198,14 @@ def int8_failures(report: dict[str, Any], bounds: Int8Bounds) -> list[str]:
 
 def int8_bounds(config: ModelConfig, task: str = "classify") -> Int8Bounds:
     """The gate's bounds for a model of ``task``, from the config (``INT8_GATE_*``)."""
+    if task == "detect":
+        return DetectBounds(
+            confident_score=config.int8_gate_confident_score,
+            min_confident_boxes=config.int8_gate_min_confident_boxes,
+            min_box_recall=config.int8_gate_min_box_recall,
+            min_box_precision=config.int8_gate_min_box_precision,
+            min_matched_iou=config.int8_gate_min_matched_iou,
+        )
     if task == "segment":
         return SegmentBounds(
             min_worst_pixel_agreement=config.int8_gate_min_worst_pixel_agreement,

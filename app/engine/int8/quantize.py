@@ -38,7 +38,7 @@ from PIL import Image, ImageEnhance, ImageOps
 from app.engine.backends import Backend, open_runtime
 from app.engine.checks.gate import eager_reference, engine_for, probabilities
 from app.engine.checks.precision import side_by_side
-from app.engine.checks.task_gate import gate_answers, gate_compare
+from app.engine.checks.task_gate import gate_answers, gate_compare, too_few_to_judge
 from app.engine.errors import StartupError
 from app.engine.int8.int8_class import Int8Class, this_cpu
 from app.engine.int8.int8_report import (
@@ -51,7 +51,14 @@ from app.engine.int8.int8_report import (
 from app.engine.model.artifacts import REPORT, building, find, read_json, write_json
 from app.engine.model.export import ONNX_FILE, OPENVINO_FILE
 from app.engine.model.loading import LoadedModel, loaded_digest
-from app.engine.model.store import ensure_onnx, ensure_openvino, input_shape, int8_key
+from app.engine.model.store import (
+    ensure_onnx,
+    ensure_openvino,
+    input_shape,
+    int8_key,
+    runtime_parts,
+)
+from app.engine.tasks import server_nms
 from app.model_config import ModelConfig
 from preprocessing import ImageLimits, normalize_into, prepare
 
@@ -142,6 +149,16 @@ def _digest(images: Sequence[bytes]) -> str:
     return digest.hexdigest()
 
 
+def runtime_backend(
+    backend: str, path: Path, loaded: LoadedModel, precision: str, threads: int
+) -> Backend:
+    """The runtime's model at ``path`` on the CPU, with a detector's decoding of its graph's
+    outputs in PyTorch (``store.runtime_parts``)."""
+    decode = runtime_parts(loaded).decode if loaded.task == "detect" else None
+    return open_runtime(backend, path, precision=precision, threads=threads,
+                        classes=len(loaded.labels), decode=decode)  # fmt: skip
+
+
 class Quantizer(Protocol):
     def build(self, recipe: str, out: Path) -> None: ...
 
@@ -158,8 +175,7 @@ class _Runtime:
         self.work = work
 
     def backend(self, path: Path, precision: str = "int8") -> Backend:
-        return open_runtime(self.name, path, precision=precision, threads=self.threads,
-                            classes=len(self.loaded.labels))  # fmt: skip
+        return runtime_backend(self.name, path, self.loaded, precision, self.threads)
 
     def fp32_backend(self, root: Path) -> tuple[Backend, Path]:
         loaded = self.loaded
@@ -281,7 +297,8 @@ def build_int8(
         work.mkdir()
         runtime = _Runtime(config, loaded, work)
         fp32_backend, fp32_path = runtime.fp32_backend(root)
-        reference_engine = eager_reference(loaded)
+        nms_iou = server_nms(loaded.task, config.model, config.nms_iou)
+        reference_engine = eager_reference(loaded, nms_iou=nms_iou)
         reference = gate_answers(reference_engine, judged_on)
         inputs = list(calibration_batches(loaded, sets.calibration))
         target = target or this_cpu()
@@ -299,8 +316,9 @@ def build_int8(
             candidate.parent.mkdir()
             quantizer.build(name, candidate)
             backend = runtime.backend(candidate)
-            answers = gate_answers(engine_for(loaded, backend), judged_on)
-            figures = gate_compare(loaded.task, reference, answers) | {"bounds": asdict(bounds)}
+            answers = gate_answers(engine_for(loaded, backend, nms_iou=nms_iou), judged_on)
+            figures = gate_compare(loaded.task, reference, answers, bounds)
+            figures["bounds"] = asdict(bounds)
             fp32_rate, rate = side_by_side(fp32_backend, backend, input_shape(loaded),
                                            SPEED_BATCH)  # fmt: skip
             figures |= {"recipe": name, "images_per_second": rate,
@@ -313,6 +331,8 @@ def build_int8(
                 chosen = (candidate, figures)  # the first is kept when none passes
             if figures["passed"] or (rate < fp32_rate and not gate_verdict(figures, bounds)):
                 break  # accurate but slower: more layers in fp32 would only run slower
+            if too_few_to_judge(figures, bounds):
+                break  # fp32's answers on the gate images judge no recipe
         assert chosen is not None
         path, figures = chosen
         for part in path.parent.iterdir():
@@ -371,10 +391,11 @@ def _summary(report: dict[str, Any]) -> str:
     outcome = "PASSED" if report["passed"] else "FAILED (" + "; ".join(report["failures"]) + ")"
     speed = (f"{report['images_per_second']:.1f} images/s against fp32's "
              f"{report['fp32_images_per_second']:.1f}")  # fmt: skip
-    if "top1_agreement" not in report:  # a segmenter's or an encoder's figures
+    if "top1_agreement" not in report:  # a detector's, a segmenter's or an encoder's figures
         shown = ", ".join(
-            f"{name.replace('_', ' ')} {value:.4f}" for name, value in report.items()
-            if name in _TASK_FIGURES and isinstance(value, float)
+            f"{name.replace('_', ' ')} {value if isinstance(value, int) else f'{value:.4f}'}"
+            for name, value in report.items()
+            if name in _TASK_FIGURES and isinstance(value, int | float)
         )  # fmt: skip
         return f"{outcome}; {shown} on {report['images']} images; {speed}"
     return (
@@ -387,7 +408,8 @@ def _summary(report: dict[str, Any]) -> str:
     )
 
 
-_TASK_FIGURES = ("worst_pixel_agreement", "mean_pixel_agreement", "mean_iou", "mean_cosine",
+_TASK_FIGURES = ("confident_boxes", "box_recall", "box_precision", "matched_iou",
+                 "worst_pixel_agreement", "mean_pixel_agreement", "mean_iou", "mean_cosine",
                  "worst_cosine", "neighbour_agreement")  # fmt: skip
 
 
