@@ -5,7 +5,9 @@ Per round, a fresh process per model and backend builds the engine as the server
 normalised batches as the server does, and times the backend's forward pass (for a detector,
 what PyTorch decodes of it too) at batch 1 and at batch 8: the best of ``--repeats`` runs
 each, in milliseconds per image. An SSD on a runtime also reports its decoding alone (anchors,
-boxes, the batch's detections and suppression, in PyTorch). Medians over rounds.
+boxes, the batch's detections and suppression, in PyTorch). SSDlite's INT8 on both runtimes
+is built from its random weights on generated photos and served past its gate, which refuses a
+detector confident of no box: its speed only. Medians over rounds.
 
 Usage: ``python -m benchmarks task_batching --rounds 3``
 """
@@ -34,6 +36,10 @@ CONFIGS = [
     ("deeplabv3_mobilenet_v3_large", "torch"),
     ("deeplabv3_mobilenet_v3_large", "onnxruntime"),
     ("deeplabv3_mobilenet_v3_large", "openvino"),
+    # INT8 from random weights, served ungated: its speed only (the gate refuses such a
+    # detector, which is confident of no box).
+    ("ssdlite320_mobilenet_v3_large", "onnxruntime int8"),
+    ("ssdlite320_mobilenet_v3_large", "openvino int8"),
 ]
 
 
@@ -45,8 +51,18 @@ def measure(model: str, backend: str, artifacts: Path, repeats: int) -> dict[str
     from app.settings import Settings
     from benchmarks.corpus import generate
 
+    backend, _, precision = backend.partition(" ")
+    int8: dict[str, Any] = {}
+    if precision == "int8":
+        calibration = artifacts / "calibration"
+        if not calibration.is_dir():
+            calibration.mkdir()
+            for index, data in enumerate(generate(20, seed=7)):
+                (calibration / f"{index:02d}.jpg").write_bytes(data)
+        int8 = {"precision": "int8", "calibration_dir": calibration, "allow_ungated_int8": True}
     settings = Settings(_env_file=None, model=model, weights="none", backend=backend,
-                        artifacts_dir=artifacts, max_batch_size=8, grpc_port=0)  # fmt: skip
+                        artifacts_dir=artifacts, max_batch_size=8, grpc_port=0,
+                        **int8)  # fmt: skip
     engine = build_engine(settings.own_model())
     loaded = load_configured_model(settings.own_model())  # its letterbox and statistics
     photos = generate(8)
