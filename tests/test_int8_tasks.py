@@ -191,12 +191,13 @@ async def test_int8_serves_a_task_only_behind_its_own_gate(
         build_engine(task_settings(tmp_path, task, backend, **impossible).own_model())
 
 
-def test_auto_lets_a_gated_int8_segmenter_compete(tmp_path: Path) -> None:
-    settings = task_settings(tmp_path, "segment", "onnxruntime",
+@pytest.mark.parametrize("task", ["segment", "detect"])
+def test_auto_lets_a_gated_int8_model_of_a_task_compete(tmp_path: Path, task: str) -> None:
+    settings = task_settings(tmp_path, task, "onnxruntime",
                              calibration_dir=photo_folder(tmp_path))  # fmt: skip
     build_engine(settings.own_model())
     machine = fixed_rates(lambda backend: 100.0 if backend.precision == "int8" else 10.0)
-    auto = task_settings(tmp_path, "segment", "auto", precision="auto")
+    auto = task_settings(tmp_path, task, "auto", precision="auto")
     engine = build_engine(auto.own_model(), machine=machine)
     assert (engine.backend.name, engine.precision) == ("onnxruntime", "int8")
     assert "onnxruntime int8" in engine.backend.describe()["auto"]["rates"]
