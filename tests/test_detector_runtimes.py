@@ -4,6 +4,7 @@ against eager PyTorch in boxes at start-up; and how boxes are matched."""
 
 from __future__ import annotations
 
+import logging
 import shutil
 from pathlib import Path
 
@@ -147,3 +148,15 @@ def test_ssdlite_on_onnx_runtime_answers_pytorchs_boxes(
     assert figures["reference_boxes"] > 0
     assert figures["box_recall"] == figures["box_precision"] == 1.0
     assert figures["matched_iou"] > 0.999
+
+
+def test_a_runtime_detector_that_finds_nothing_passes_its_check_with_nothing_to_judge(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    settings = make_settings(model="tests.models:blind_detector", task="detect",
+                             image_size=SIZE, backend="onnxruntime",
+                             artifacts_dir=tmp_path)  # fmt: skip
+    with caplog.at_level(logging.INFO, logger="batchserve"):
+        engine = build_engine(settings.own_model())
+    assert engine.backend.name == "onnxruntime"
+    assert "box_recall none to judge" in caplog.text

@@ -172,5 +172,10 @@ def startup_check(
                if key.startswith(("top1_agreement", "max_probability", "min_", "mean_pixel",
                                   "mean_cosine", "box_"))}  # fmt: skip
     logger.info("%s %s agrees with eager PyTorch: %s", engine.backend.name, engine.precision,
-                ", ".join(f"{key} {value:.4g}" for key, value in figures.items()))  # fmt: skip
+                ", ".join(f"{key} {_shown(value)}" for key, value in figures.items()))  # fmt: skip
     return report
+
+
+def _shown(value: Any) -> str:
+    """A figure of the check, or why there is none (no box on either side to find)."""
+    return "none to judge" if value is None else f"{value:.4g}"
