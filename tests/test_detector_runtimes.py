@@ -160,3 +160,49 @@ def test_a_runtime_detector_that_finds_nothing_passes_its_check_with_nothing_to_
         engine = build_engine(settings.own_model())
     assert engine.backend.name == "onnxruntime"
     assert "box_recall none to judge" in caplog.text
+
+
+def test_a_two_stage_detector_in_two_parts_answers_as_it_does_whole() -> None:
+    """Faster R-CNN's backbone and feature pyramid (``RcnnGraph``, what a runtime runs) and
+    the rest on their feature maps (``RcnnDecode``) answer the boxes the model answers whole,
+    on torchvision's own random initialisation (scores spread enough to give boxes)."""
+    from typing import Any
+
+    from torchvision.models import get_model
+
+    from app.engine.model.loading import load_model
+    from app.engine.tasks.adapters import detector_parts
+    from app.engine.tasks.outputs import detections
+
+    name = "fasterrcnn_mobilenet_v3_large_320_fpn"
+    loaded = load_model(name, "none", image_size=320)
+    served_model: Any = loaded.module.eval()
+    reference: Any = get_model(name, weights=None, weights_backbone=None)
+    served_model.model.load_state_dict(reference.state_dict())
+    served_model.model.roi_heads.score_thresh = 0.0  # every proposal's best classes answer
+    parts = detector_parts(served_model, 320)
+    assert parts is not None
+    assert parts.outputs == ("features_0", "features_1", "features_pool")
+    batch = torch.randn(2, 3, 320, 320, generator=torch.Generator().manual_seed(3))
+    with torch.inference_mode():
+        whole = detections(served_model(batch))
+        split = parts.decode(parts.graph(batch))
+    assert int((whole[1] > 0).sum()) > 50
+    for got, want in zip(split, whole, strict=True):
+        torch.testing.assert_close(got, want)
+
+
+@pytest.mark.parametrize("backend", ["onnxruntime", "openvino"])
+def test_faster_rcnn_is_served_by_a_runtime_with_its_heads_in_pytorch(
+    tmp_path: Path, backend: str
+) -> None:
+    settings = make_settings(model="fasterrcnn_mobilenet_v3_large_320_fpn", weights="none",
+                             backend=backend, artifacts_dir=tmp_path)  # fmt: skip
+    engine = build_engine(settings.own_model())
+    assert (engine.backend.name, engine.precision) == (backend, "fp32")
+    assert engine.check is not None
+    assert engine.check["passed"]
+    # Its heads are most of its arithmetic: torch computes them with every thread.
+    assert engine.torch_threads == settings.own_model().threads
+    (answer,) = served(engine, [images.jpeg(images.photo(400, 300))])
+    assert answer.detected is not None

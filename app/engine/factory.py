@@ -189,7 +189,8 @@ def _engine_for(
 
 def torch_threads_in_batches(backend: Backend, config: ModelConfig) -> int:
     """How many threads torch uses in a batch: every one the forward pass may use where torch
-    runs it (or a GPU does), one where a runtime on the CPU does.
+    runs it (or a GPU does) or computes most of it (a two-stage detector's proposals and
+    heads, beside the runtime that ran its backbone), one where a runtime on the CPU does.
 
     With a runtime, torch only normalises the batch and takes its top classes. Split over
     torch's OpenMP team, each of those steps leaves the team's threads spinning for their
@@ -199,6 +200,8 @@ def torch_threads_in_batches(backend: Backend, config: ModelConfig) -> int:
     (``benchmarks/studies/torch_threads/``).
     """
     if backend.name == "torch" or backend.device.type != "cpu":
+        return config.threads
+    if getattr(backend.decode, "torch_heavy", False):  # a two-stage detector's heads
         return config.threads
     return 1
 

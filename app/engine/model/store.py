@@ -78,8 +78,9 @@ def runtime_parts(loaded: LoadedModel) -> DetectorParts:
     if parts is None:
         raise StartupError(
             f"{loaded.name} is served by BACKEND=torch (or auto): it answers a list of boxes "
-            f"per image, of data-dependent sizes, which an export cannot take (SSD, SSDlite "
-            f"and models returning padded (boxes, scores, labels) tensors run on every backend)"
+            f"per image, of data-dependent sizes, which an export cannot take (SSD, SSDlite, "
+            f"Faster R-CNN, Mask R-CNN and models returning padded (boxes, scores, labels) "
+            f"tensors run on every backend)"
         )
     return parts
 

@@ -21,6 +21,7 @@ from torch import nn
 from torch.nn.functional import pad
 
 from app.engine.tasks.outputs import Detections, segmentation
+from app.engine.tasks.rcnn import RcnnDecode, RcnnGraph, two_stage
 from app.engine.tasks.ssd import SsdDecode, SsdGraph
 
 
@@ -63,17 +64,23 @@ class DetectorParts(NamedTuple):
 
 
 def detector_parts(module: nn.Module, size: int) -> DetectorParts | None:
-    """The parts of a detector a runtime can serve at inputs of ``size``, or None: one whose
-    outputs have data-dependent shapes all through (torchvision's two-stage detectors, whose
-    region proposals and their pooling decide the boxes' count) runs on PyTorch alone.
+    """The parts of a detector a runtime can serve at inputs of ``size``, or None: one that
+    answers a list of boxes per image with no part of fixed shapes known here (RetinaNet,
+    FCOS, a model of one's own) runs on PyTorch alone.
 
-    SSD and SSDlite: backbone and heads exported, anchors and detections in PyTorch. A model
-    that returns padded ``(boxes, scores, labels)`` itself: exported whole."""
+    SSD and SSDlite: backbone and heads exported, anchors and detections in PyTorch. Faster
+    R-CNN and Mask R-CNN: backbone and feature pyramid exported, proposals and heads in
+    PyTorch (``tasks.rcnn``). A model that returns padded ``(boxes, scores, labels)`` itself:
+    exported whole."""
     if isinstance(module, TorchvisionDetector):
-        if not module.batched:
+        if module.batched:
+            return DetectorParts(SsdGraph(module.model), module.decoder((size, size)),
+                                 ("bbox_regression", "cls_logits"))  # fmt: skip
+        if not two_stage(module.model):
             return None
-        return DetectorParts(SsdGraph(module.model), module.decoder((size, size)),
-                             ("bbox_regression", "cls_logits"))  # fmt: skip
+        decode = RcnnDecode(module.model, (size, size))
+        return DetectorParts(RcnnGraph(module.model), decode,
+                             tuple(f"features_{level}" for level in decode.levels))  # fmt: skip
     with torch.inference_mode():
         answered = module(torch.zeros((1, 3, size, size), device=_device_of(module)))
     if not (isinstance(answered, tuple) and len(answered) == 3):
