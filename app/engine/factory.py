@@ -39,6 +39,7 @@ from app.engine.model.store import (
     ensure_onnx,
     ensure_openvino,
     input_shape,
+    runtime_decode,
     runtime_parts,
     torchscript_artifact,
 )
@@ -330,7 +331,7 @@ def _runtime_backend(config: ModelConfig, loaded: LoadedModel, build: _Build) ->
     # the threads while only one of them computes.
     concurrent = 1 if batching.serial_execution else batching.max_inflight_batches
 
-    decode = runtime_parts(loaded).decode if loaded.task == "detect" else None
+    decode = runtime_decode(loaded)
 
     def candidate(precision: str) -> Backend:
         return open_runtime(config.backend, path, precision=precision,

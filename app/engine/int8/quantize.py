@@ -56,7 +56,7 @@ from app.engine.model.store import (
     ensure_openvino,
     input_shape,
     int8_key,
-    runtime_parts,
+    runtime_decode,
 )
 from app.engine.tasks import server_nms
 from app.model_config import ModelConfig
@@ -153,10 +153,9 @@ def runtime_backend(
     backend: str, path: Path, loaded: LoadedModel, precision: str, threads: int
 ) -> Backend:
     """The runtime's model at ``path`` on the CPU, with a detector's decoding of its graph's
-    outputs in PyTorch (``store.runtime_parts``)."""
-    decode = runtime_parts(loaded).decode if loaded.task == "detect" else None
+    outputs in PyTorch (``store.runtime_decode``)."""
     return open_runtime(backend, path, precision=precision, threads=threads,
-                        classes=len(loaded.labels), decode=decode)  # fmt: skip
+                        classes=len(loaded.labels), decode=runtime_decode(loaded))  # fmt: skip
 
 
 class Quantizer(Protocol):

@@ -7,7 +7,9 @@ from __future__ import annotations
 
 import copy
 import logging
+from collections.abc import Callable, Sequence
 from pathlib import Path
+from typing import Any
 
 import torch
 
@@ -83,6 +85,12 @@ def runtime_parts(loaded: LoadedModel) -> DetectorParts:
             f"tensors run on every backend)"
         )
     return parts
+
+
+def runtime_decode(loaded: LoadedModel) -> Callable[[Sequence[torch.Tensor]], Any] | None:
+    """What PyTorch runs on a runtime's outputs: a detector's decoding of its graph's, none
+    for another task's model."""
+    return runtime_parts(loaded).decode if loaded.task == "detect" else None
 
 
 def int8_key(loaded: LoadedModel, backend: str) -> ArtifactKey:

@@ -38,7 +38,7 @@ class TorchvisionDetector(nn.Module):
         self.model = model
         # SSD and SSDlite: in two parts, their detections taken for the batch at once.
         self.batched = type(model).__name__ == "SSD"
-        self._decoders: dict[tuple[int, int], SsdDecode] = {}
+        self._decoders: dict[tuple[int, int], SsdDecode | RcnnDecode] = {}
 
     def forward(self, batch: torch.Tensor) -> list[dict[str, torch.Tensor]] | Detections:
         if self.batched:
@@ -47,10 +47,12 @@ class TorchvisionDetector(nn.Module):
         detected: list[dict[str, torch.Tensor]] = self.model(list(batch))
         return detected
 
-    def decoder(self, size: tuple[int, int]) -> SsdDecode:
-        """An SSD's decoding for inputs of ``size`` (its anchors made once per size)."""
+    def decoder(self, size: tuple[int, int]) -> SsdDecode | RcnnDecode:
+        """What PyTorch runs of the detector on its graph's outputs for inputs of ``size``,
+        made once per size (SSD's anchors, a two-stage detector's feature levels)."""
         if size not in self._decoders:
-            self._decoders[size] = SsdDecode(self.model, size)
+            decode = SsdDecode if self.batched else RcnnDecode
+            self._decoders[size] = decode(self.model, size)
         return self._decoders[size]
 
 
@@ -78,7 +80,8 @@ def detector_parts(module: nn.Module, size: int) -> DetectorParts | None:
                                  ("bbox_regression", "cls_logits"))  # fmt: skip
         if not two_stage(module.model):
             return None
-        decode = RcnnDecode(module.model, (size, size))
+        decode = module.decoder((size, size))
+        assert isinstance(decode, RcnnDecode)
         return DetectorParts(RcnnGraph(module.model), decode,
                              tuple(f"features_{level}" for level in decode.levels))  # fmt: skip
     with torch.inference_mode():
