@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import threading
 import time
+from collections.abc import Callable
+from typing import Any
 
 import torch
 from torch import nn
@@ -381,3 +383,37 @@ class BlindDetector(nn.Module):
 
 def blind_detector() -> nn.Module:
     return BlindDetector()
+
+
+def every_box_faster_rcnn() -> nn.Module:
+    """torchvision's Faster R-CNN MobileNetV3 320 (its pyramid's maps share one stride: every
+    proposal is pooled from one level), random weights, answering every proposal's best
+    classes whatever their scores: boxes to compare, where a trained model's threshold would
+    keep none of a random one's."""
+    return _every_box(lambda: _torchvision_detector("fasterrcnn_mobilenet_v3_large_320_fpn"))
+
+
+def resnet18_faster_rcnn() -> nn.Module:
+    """Faster R-CNN on a ResNet-18 feature pyramid: proposals pooled from four levels by their
+    size; random weights, every proposal's best classes answered."""
+    from torchvision.models.detection import FasterRCNN
+    from torchvision.models.detection.backbone_utils import resnet_fpn_backbone
+
+    backbone = resnet_fpn_backbone(backbone_name="resnet18", weights=None)
+    return _every_box(lambda: FasterRCNN(backbone, num_classes=5))
+
+
+def _torchvision_detector(name: str) -> nn.Module:
+    import torchvision
+
+    model: nn.Module = torchvision.models.get_model(name, weights=None, weights_backbone=None)
+    return model
+
+
+def _every_box(build: Callable[[], Any]) -> nn.Module:
+    from app.engine.tasks.adapters import TorchvisionDetector
+
+    torch.manual_seed(0)
+    model = build()
+    model.roi_heads.score_thresh = 0.0
+    return TorchvisionDetector(model)

@@ -36,6 +36,7 @@ from app.engine.model.cards import load_described
 from app.engine.model.compile import kept, resolve_compile
 from app.engine.model.loading import LoadedModel, load_model, loaded_digest
 from app.engine.model.store import (
+    ensure_box_head,
     ensure_onnx,
     ensure_openvino,
     input_shape,
@@ -322,6 +323,7 @@ def _runtime_backend(config: ModelConfig, loaded: LoadedModel, build: _Build) ->
             path = ensure_onnx(root, loaded)
         else:  # one IR for every precision: OpenVINO converts when it compiles
             path = ensure_openvino(root, loaded, "fp32")
+        box_head = ensure_box_head(root, loaded, config.backend)
     from app.engine.int8.int8_report import digest_ahead
 
     digest_ahead(path)  # for the start-up check's binding, while the runtime compiles
@@ -337,7 +339,7 @@ def _runtime_backend(config: ModelConfig, loaded: LoadedModel, build: _Build) ->
         return open_runtime(config.backend, path, precision=precision,
                             threads=config.threads, classes=len(loaded.labels),
                             device=device, concurrent_batches=concurrent,
-                            decode=decode)  # fmt: skip
+                            decode=decode, box_head=box_head)  # fmt: skip
 
     with phases.phase("compile"):  # the runtime's session or compiled model (per precision)
         backend, rates = fastest(precisions, candidate, input_shape(loaded), build.rows,

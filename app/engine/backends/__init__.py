@@ -26,11 +26,13 @@ def open_runtime(
     device: torch.device | None = None,
     concurrent_batches: int = 1,
     decode: Callable[[Sequence[torch.Tensor]], Any] | None = None,
+    box_head: Path | None = None,
 ) -> Backend:
     """The runtime ``name`` serving the artefact at ``path``: the one way to open one, whether
     to serve, to choose, to quantise or to judge. ``concurrent_batches``: batches OpenVINO
     runs at once (one stream with every thread when 1). ``decode``: a detector's, on what its
-    graph returns."""
+    graph returns; ``box_head``: the graph of its box head, which the runtime then runs for
+    it (``tasks.rcnn.RcnnDecode.with_box_head``)."""
     backend: Backend
     if name == "onnxruntime":
         from app.engine.backends.onnx_runtime import OnnxRuntimeBackend
@@ -44,5 +46,12 @@ def open_runtime(
                                   concurrent_batches=concurrent_batches)  # fmt: skip
     else:
         raise ValueError(f"no runtime {name!r}: {', '.join(RUNTIMES)}")
+    if box_head is not None:
+        from app.engine.tasks.rcnn import RcnnDecode
+
+        if not isinstance(decode, RcnnDecode):
+            raise ValueError("a box head is run for a two-stage detector's decoding")
+        decode = decode.with_box_head(backend.open_graph(box_head))
+        backend.box_head = box_head
     backend.decode = decode
     return backend

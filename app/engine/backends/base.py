@@ -9,6 +9,7 @@ from __future__ import annotations
 
 from abc import ABC, abstractmethod
 from collections.abc import Callable, Sequence
+from pathlib import Path
 from typing import Any
 
 import torch
@@ -52,6 +53,9 @@ class Backend(ABC):
     # A detector's decoding (anchors, boxes, suppression), which PyTorch runs on the outputs
     # of the graph a runtime serves (``tasks.adapters.DetectorParts``).
     decode: Callable[[Sequence[torch.Tensor]], Any] | None = None
+    # A second graph of the model that the runtime runs for ``decode`` (a Faster R-CNN's box
+    # head), where there is one.
+    box_head: Path | None = None
 
     @abstractmethod
     def forward(self, batch: torch.Tensor) -> Any:
@@ -65,6 +69,11 @@ class Backend(ABC):
             return self.decode(outputs)
         (output,) = outputs
         return output
+
+    def open_graph(self, path: Path) -> Callable[[Sequence[torch.Tensor]], list[torch.Tensor]]:
+        """Another graph of the model at ``path``, run as this runtime runs the model (its
+        threads, its precision), taking its inputs in order and answering its outputs."""
+        raise NotImplementedError(f"{self.name} runs one graph")
 
     def prepare(self, buckets: Sequence[int]) -> None:  # noqa: B027 - optional hook
         """Get ready to serve these batch sizes (capture graphs, tune kernels): called once,
@@ -87,6 +96,8 @@ class Backend(ABC):
             described["rejected_precisions"] = self.rejected_precisions
         if self.int8_gate is not None:
             described["int8_gate"] = self.int8_gate
+        if self.box_head is not None:
+            described["box_head"] = str(self.box_head)
         if self.choice is not None:
             described["auto"] = self.choice
         return described

@@ -14,6 +14,7 @@ while the server said fp16).
 
 from __future__ import annotations
 
+from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -52,7 +53,7 @@ class OnnxRuntimeBackend(Backend):
         self.precision = precision
         self.path = path
         self.classes = classes
-        options = ort.SessionOptions()
+        self._session_options = options = ort.SessionOptions()
         options.graph_optimization_level = ort.GraphOptimizationLevel.ORT_ENABLE_ALL
         options.execution_mode = ort.ExecutionMode.ORT_SEQUENTIAL
         options.intra_op_num_threads = threads
@@ -107,6 +108,22 @@ class OnnxRuntimeBackend(Backend):
                             tuple(logits.shape), logits.data_ptr())  # fmt: skip
         self.session.run_with_iobinding(binding)
         return self.finished([logits])
+
+    def open_graph(self, path: Path) -> Callable[[Sequence[torch.Tensor]], list[torch.Tensor]]:
+        if self.device.type == "cuda":
+            raise StartupError("a second graph runs on ONNX Runtime on the CPU")
+        ort = import_onnxruntime()
+        session = ort.InferenceSession(str(path), self._session_options,
+                                       providers=["CPUExecutionProvider"])  # fmt: skip
+        names = [each.name for each in session.get_inputs()]
+
+        def run(inputs: Sequence[torch.Tensor]) -> list[torch.Tensor]:
+            feed = {
+                name: each.contiguous().numpy() for name, each in zip(names, inputs, strict=True)
+            }
+            return [torch.from_numpy(each) for each in session.run(None, feed)]
+
+        return run
 
     def options(self) -> dict[str, Any]:
         return {**super().options(), **self._options, "providers": self.session.get_providers()}

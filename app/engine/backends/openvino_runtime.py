@@ -16,6 +16,7 @@ OpenVINO would otherwise pick bf16 by itself on CPUs that have it.
 from __future__ import annotations
 
 import queue
+from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -48,33 +49,58 @@ class OpenVinoBackend(Backend):
         }
         if self.hint == "THROUGHPUT":
             config["NUM_STREAMS"] = concurrent_batches
-        core = ov.Core()
+        self._core = core = ov.Core()
+        self._compile_config = config
         self.compiled = core.compile_model(core.read_model(str(path)), "CPU", config)
         self._outputs = len(self.compiled.outputs)
         self._config = {key: str(value) for key, value in config.items()}
         self.serialized = self.hint == "LATENCY"
-        self._requests: queue.SimpleQueue[Any] = queue.SimpleQueue()
-        for _ in range(max(1, concurrent_batches)):
-            self._requests.put(self.compiled.create_infer_request())
+        self._concurrent = max(1, concurrent_batches)
+        self._requests = _requests(self.compiled, self._concurrent)
 
     @property
     def variant(self) -> str:
         return self.hint.lower()
 
     def forward(self, batch: torch.Tensor) -> Any:
-        request = self._requests.get()
-        try:
-            request.infer({0: batch.contiguous().numpy()}, share_inputs=True)
-            # Copied: the request's buffers are reused.
-            outputs: list[np.ndarray[Any, Any]] = [
-                request.get_output_tensor(index).data.copy() for index in range(self._outputs)
-            ]
-        finally:
-            self._requests.put(request)
-        return self.finished([torch.from_numpy(each) for each in outputs])
+        return self.finished(_infer(self._requests, [batch], self._outputs))
+
+    def open_graph(self, path: Path) -> Callable[[Sequence[torch.Tensor]], list[torch.Tensor]]:
+        compiled = self._core.compile_model(self._core.read_model(str(path)), "CPU",
+                                            self._compile_config)  # fmt: skip
+        requests, outputs = _requests(compiled, self._concurrent), len(compiled.outputs)
+
+        def run(inputs: Sequence[torch.Tensor]) -> list[torch.Tensor]:
+            return _infer(requests, inputs, outputs)
+
+        return run
 
     def options(self) -> dict[str, Any]:
         return {**super().options(), **self._config}
 
     def describe(self) -> dict[str, Any]:
         return {**super().describe(), "artifact": str(self.path), "hint": self.hint}
+
+
+def _requests(compiled: Any, count: int) -> queue.SimpleQueue[Any]:
+    """An infer request per batch that may run at once."""
+    requests: queue.SimpleQueue[Any] = queue.SimpleQueue()
+    for _ in range(count):
+        requests.put(compiled.create_infer_request())
+    return requests
+
+
+def _infer(
+    requests: queue.SimpleQueue[Any], inputs: Sequence[torch.Tensor], outputs: int
+) -> list[torch.Tensor]:
+    request = requests.get()
+    try:
+        request.infer({index: each.contiguous().numpy() for index, each in enumerate(inputs)},
+                      share_inputs=True)  # fmt: skip
+        # Copied: the request's buffers are reused.
+        answered: list[np.ndarray[Any, Any]] = [
+            request.get_output_tensor(index).data.copy() for index in range(outputs)
+        ]
+    finally:
+        requests.put(request)
+    return [torch.from_numpy(each) for each in answered]

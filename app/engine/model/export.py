@@ -16,7 +16,7 @@ import contextlib
 import io
 import logging
 import warnings
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -52,10 +52,23 @@ def export_onnx(
 ) -> None:
     """Write ``module`` (fp32, on the CPU) to ``path`` with a dynamic batch axis, its outputs
     named ``outputs`` (one, the logits, but for a detector's graph)."""
-    import_onnx()
-    module = module.eval().to(device="cpu", dtype=torch.float32)
     example = torch.randn((2, *input_shape), generator=torch.Generator().manual_seed(0))
     batch = torch.export.Dim("batch", min=1, max=4096)
+    export_graph(module, (example,), path, (INPUT_NAME,), outputs, ({0: batch},))
+
+
+def export_graph(
+    module: nn.Module,
+    example: tuple[torch.Tensor, ...],
+    path: Path,
+    inputs: Sequence[str],
+    outputs: Sequence[str],
+    dynamic_shapes: tuple[Any, ...],
+) -> None:
+    """Write ``module`` (fp32, on the CPU) to ``path``: its inputs, shaped as ``example`` but
+    for the axes ``dynamic_shapes`` names, and its outputs, named."""
+    import_onnx()
+    module = module.eval().to(device="cpu", dtype=torch.float32)
     # The exporter prints its progress and logs every optimisation pass: keep both out of the
     # server's output.
     with (
@@ -66,11 +79,11 @@ def export_onnx(
         warnings.simplefilter("ignore")
         program = torch.onnx.export(
             module,
-            (example,),
+            example,
             dynamo=True,
-            input_names=[INPUT_NAME],
+            input_names=list(inputs),
             output_names=list(outputs),
-            dynamic_shapes=({0: batch},),
+            dynamic_shapes=dynamic_shapes,
             opset_version=OPSET,
             optimize=True,
             verbose=False,

@@ -21,17 +21,20 @@ from app.engine.model.export import (
     OPENVINO_FILE,
     OUTPUT_NAME,
     convert_to_openvino,
+    export_graph,
     export_onnx,
     onnx_exporter,
     openvino_exporter,
 )
 from app.engine.model.loading import LoadedModel, loaded_digest
 from app.engine.tasks.adapters import DetectorParts, detector_parts
+from app.engine.tasks.rcnn import BOX_HEAD_INPUTS, BOX_HEAD_OUTPUTS
 
 logger = logging.getLogger("batchserve")
 
 QDQ = "-qdq"  # INT8 ONNX artefacts: static quantisation with QuantizeLinear/DequantizeLinear
 NNCF = "-nncf"  # INT8 OpenVINO artefacts: NNCF's post-training quantization of the fp32 IR
+BOX_HEAD = "-box-head"  # a two-stage detector's box head, the second graph of its runtime
 
 
 def input_shape(loaded: LoadedModel) -> tuple[int, int, int]:
@@ -91,6 +94,52 @@ def runtime_decode(loaded: LoadedModel) -> Callable[[Sequence[torch.Tensor]], An
     """What PyTorch runs on a runtime's outputs: a detector's decoding of its graph's, none
     for another task's model."""
     return runtime_parts(loaded).decode if loaded.task == "detect" else None
+
+
+def ensure_box_head(root: Path, loaded: LoadedModel, backend: str) -> Path | None:
+    """A Faster R-CNN's box head for ``backend`` (fp32 ONNX, or OpenVINO IR converted from
+    it), exported now if it is not there yet; None for a model without one. It stays fp32
+    beside an INT8 backbone: the gate judges the graph it quantised."""
+    if loaded.task != "detect" or runtime_parts(loaded).box_head is None:
+        return None
+    key = artifact_key(loaded, "fp32", onnx_exporter() + BOX_HEAD)
+    path = find(root, key, ONNX_FILE)
+    if path is None:
+        with building(root, key) as scratch:
+            _export_box_head(loaded, scratch / ONNX_FILE)
+        path = key.path(root) / ONNX_FILE
+        logger.info("exported the box head of %s to ONNX: %s", loaded.name, path)
+    if backend != "openvino":
+        return path
+    ir_key = artifact_key(loaded, "fp32", openvino_exporter() + BOX_HEAD)
+    ir_path = find(root, ir_key, OPENVINO_FILE)
+    if ir_path is None:
+        with building(root, ir_key) as scratch:
+            convert_to_openvino(path, scratch / OPENVINO_FILE)
+        ir_path = ir_key.path(root) / OPENVINO_FILE
+    return ir_path
+
+
+def _export_box_head(loaded: LoadedModel, path: Path) -> None:
+    """The box head with a dynamic number of proposals and of images, on the features of two
+    random images and three proposals in each."""
+    parts = runtime_parts(loaded)
+    assert parts.box_head is not None
+    size = loaded.transform.crop_size
+    generator = torch.Generator().manual_seed(0)
+    with torch.no_grad():  # tensors the exporter can trace (inference tensors it cannot)
+        features = parts.graph(torch.randn((2, 3, size, size), generator=generator))
+    corners = torch.rand((6, 2), generator=generator) * size / 2
+    sides = torch.rand((6, 2), generator=generator) * size / 2 + 1
+    owner = torch.tensor([[0.0], [0.0], [0.0], [1.0], [1.0], [1.0]])
+    rois = torch.cat([owner, corners, corners + sides], dim=1)
+    batch = torch.export.Dim("batch", min=1, max=4096)
+    count = torch.export.Dim("rois", min=1, max=1 << 20)
+    names = (*BOX_HEAD_INPUTS, *parts.outputs)
+    # The features are one argument to the exporter (``*features``): their axes a tuple.
+    dynamic = ({0: count}, tuple({0: batch} for _ in features))
+    export_graph(copy.deepcopy(parts.box_head), (rois, *(each.contiguous() for each in features)),
+                 path, names, BOX_HEAD_OUTPUTS, dynamic)  # fmt: skip
 
 
 def int8_key(loaded: LoadedModel, backend: str) -> ArtifactKey:

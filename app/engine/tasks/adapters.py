@@ -21,7 +21,7 @@ from torch import nn
 from torch.nn.functional import pad
 
 from app.engine.tasks.outputs import Detections, segmentation
-from app.engine.tasks.rcnn import RcnnDecode, RcnnGraph, two_stage
+from app.engine.tasks.rcnn import RcnnBoxHead, RcnnDecode, RcnnGraph, two_stage
 from app.engine.tasks.ssd import SsdDecode, SsdGraph
 
 
@@ -58,11 +58,14 @@ class TorchvisionDetector(nn.Module):
 
 class DetectorParts(NamedTuple):
     """A detector as an inference runtime serves it: ``graph`` (exported, fixed shapes) and
-    ``decode``, which PyTorch runs on the graph's outputs, named ``outputs``."""
+    ``decode``, which PyTorch runs on the graph's outputs, named ``outputs``; ``box_head``: a
+    second graph for the runtime that ``decode`` can run there (``RcnnDecode.with_box_head``),
+    a Faster R-CNN's."""
 
     graph: nn.Module
     decode: Callable[[Sequence[torch.Tensor]], Detections]
     outputs: tuple[str, ...]
+    box_head: RcnnBoxHead | None = None
 
 
 def detector_parts(module: nn.Module, size: int) -> DetectorParts | None:
@@ -72,8 +75,8 @@ def detector_parts(module: nn.Module, size: int) -> DetectorParts | None:
 
     SSD and SSDlite: backbone and heads exported, anchors and detections in PyTorch. Faster
     R-CNN and Mask R-CNN: backbone and feature pyramid exported, proposals and heads in
-    PyTorch (``tasks.rcnn``). A model that returns padded ``(boxes, scores, labels)`` itself:
-    exported whole."""
+    PyTorch (``tasks.rcnn``), but for Faster R-CNN's box head, a second graph. A model that
+    returns padded ``(boxes, scores, labels)`` itself: exported whole."""
     if isinstance(module, TorchvisionDetector):
         if module.batched:
             return DetectorParts(SsdGraph(module.model), module.decoder((size, size)),
@@ -82,8 +85,12 @@ def detector_parts(module: nn.Module, size: int) -> DetectorParts | None:
             return None
         decode = module.decoder((size, size))
         assert isinstance(decode, RcnnDecode)
+        two_stage_model: Any = module.model
+        has_mask = two_stage_model.roi_heads.has_mask()  # Mask R-CNN: heads kept together
+        box_head = None if has_mask else RcnnBoxHead(two_stage_model, decode)
         return DetectorParts(RcnnGraph(module.model), decode,
-                             tuple(f"features_{level}" for level in decode.levels))  # fmt: skip
+                             tuple(f"features_{level}" for level in decode.levels),
+                             box_head)  # fmt: skip
     with torch.inference_mode():
         answered = module(torch.zeros((1, 3, size, size), device=_device_of(module)))
     if not (isinstance(answered, tuple) and len(answered) == 3):
