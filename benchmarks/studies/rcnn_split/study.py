@@ -5,7 +5,10 @@ and times, on the same random batch, at batch 1 and at batch 8 (the best of ``--
 milliseconds per image): the eager model, and the model in two parts, its backbone and feature
 pyramid on OpenVINO (converted in the process, fp32) and its region proposals, RoI pooling and
 box head in PyTorch on the feature maps OpenVINO returns (made channels_last, as the backbone
-makes them in PyTorch). Medians over rounds. Exploratory: the server does not serve it so.
+makes them in PyTorch); and as the server serves it (``BACKEND=onnxruntime`` and
+``BACKEND=openvino``, random weights of the server's own loading): the backbone and, on the
+proposals PyTorch makes, the RoI pooling, box head and predictors as a second graph, both on the
+runtime, torch on one thread. Medians over rounds.
 
 Usage: ``python -m benchmarks rcnn_split --rounds 3``
 """
@@ -72,6 +75,7 @@ def measure(repeats: int) -> dict[str, float]:
         return model(list(images))
 
     figures: dict[str, float] = {}
+    served = {name: _served(name) for name in RUNTIMES}
     with torch.inference_mode():
         for rows in (1, 8):
             images = batch[:rows].contiguous()
@@ -80,7 +84,30 @@ def measure(repeats: int) -> dict[str, float]:
                 best = min(_timed(run, images) for _ in range(repeats))
                 figures[f"{name}_ms_per_image_{rows}"] = 1000 * best / rows
             figures[f"pytorch_part_ms_per_image_{rows}"] = 1000 * heads_s[rows] / rows
+            threads = torch.get_num_threads()
+            torch.set_num_threads(1)  # as the server leaves torch beside these two graphs
+            for name, backend in served.items():
+                backend.forward(images)  # warm
+                best = min(_timed(backend.forward, images) for _ in range(repeats))
+                figures[f"served_{name}_ms_per_image_{rows}"] = 1000 * best / rows
+            torch.set_num_threads(threads)
     return figures
+
+
+RUNTIMES = ("onnxruntime", "openvino")
+
+
+def _served(name: str) -> Any:
+    """The runtime's backend as the server builds it: both graphs on the runtime."""
+    import tempfile
+
+    from app.engine import build_engine
+    from app.settings import Settings
+
+    settings = Settings(_env_file=None, model=MODEL, weights="none", backend=name,
+                        precision="fp32", image_size=SIZE,
+                        artifacts_dir=Path(tempfile.mkdtemp(prefix="rcnn-split-")))  # fmt: skip
+    return build_engine(settings.own_model()).backend
 
 
 def _timed(run: Callable[[Any], Any], images: Any) -> float:
@@ -111,12 +138,20 @@ def markdown(data: dict[str, Any]) -> str:
          m[f"eager_ms_per_image_{rows}"] / m[f"two_parts_ms_per_image_{rows}"]]
         for rows in (1, 8)
     ]  # fmt: skip
-    return f"""# Faster R-CNN with its backbone on OpenVINO
+    served = []
+    for count in (1, 8):
+        eager, runtimes = m[f"eager_ms_per_image_{count}"], []
+        for name in RUNTIMES:
+            runtimes.append(m.get(f"served_{name}_ms_per_image_{count}", float("nan")))
+        served.append([count, eager, *runtimes, *(eager / each for each in runtimes)])
+    return f"""# Faster R-CNN with its backbone on OpenVINO, and as served
 
 `python -m benchmarks rcnn_split --rounds {data["rounds"]}`: {MODEL} (random weights) on one
-random batch, eager PyTorch against its backbone and feature pyramid on OpenVINO (fp32) with
-the proposals, RoI pooling and box head in PyTorch; best of {data["repeats"]} runs each, a
-fresh process per round, medians over rounds.
+random batch, best of {data["repeats"]} runs each, a fresh process per round, medians over
+rounds.
+
+Eager PyTorch against its backbone and feature pyramid on OpenVINO (fp32) with the proposals,
+RoI pooling and box head in PyTorch:
 
 {
         table(
@@ -128,6 +163,23 @@ fresh process per round, medians over rounds.
                 "eager / two parts",
             ],
             rows,
+        )
+    }
+
+As the server serves it: the backbone and, on PyTorch's proposals, the RoI pooling, box head
+and predictors as a second graph, both on the runtime (fp32), torch on one thread:
+
+{
+        table(
+            [
+                "batch",
+                "eager ms / image",
+                "ONNX Runtime ms / image",
+                "OpenVINO ms / image",
+                "eager / ONNX Runtime",
+                "eager / OpenVINO",
+            ],
+            served,
         )
     }
 
