@@ -417,3 +417,32 @@ def _every_box(build: Callable[[], Any]) -> nn.Module:
     model = build()
     model.roi_heads.score_thresh = 0.0
     return TorchvisionDetector(model)
+
+
+def resnet18_retinanet() -> nn.Module:
+    """RetinaNet on a ResNet-18 pyramid of five levels (nine anchors a place), random weights,
+    every candidate above a score of 0 answered."""
+    from torchvision.models.detection import RetinaNet
+
+    return _dense_detector(RetinaNet)
+
+
+def resnet18_fcos() -> nn.Module:
+    """FCOS on a ResNet-18 pyramid of five levels (one point a place, with its centre-ness),
+    random weights, every candidate above a score of 0 answered."""
+    from torchvision.models.detection import FCOS
+
+    return _dense_detector(FCOS)
+
+
+def _dense_detector(kind: Callable[..., Any]) -> nn.Module:
+    from torchvision.models.detection.backbone_utils import resnet_fpn_backbone
+    from torchvision.ops.feature_pyramid_network import LastLevelP6P7
+
+    from app.engine.tasks.adapters import TorchvisionDetector
+
+    torch.manual_seed(0)
+    backbone = resnet_fpn_backbone(backbone_name="resnet18", weights=None,
+                                   returned_layers=[2, 3, 4],
+                                   extra_blocks=LastLevelP6P7(256, 256))  # fmt: skip
+    return TorchvisionDetector(kind(backbone, num_classes=5, score_thresh=0.0))

@@ -252,3 +252,42 @@ def test_a_box_head_pools_each_proposal_from_its_own_pyramid_level() -> None:
     assert int((whole[1] > 0).sum()) > 50
     for got, want in zip(split, whole, strict=True):
         torch.testing.assert_close(got, want)
+
+
+@pytest.mark.parametrize("model", ["resnet18_retinanet", "resnet18_fcos"])
+def test_a_dense_detector_in_two_parts_answers_as_it_does_whole(model: str) -> None:
+    """RetinaNet's and FCOS's backbone, pyramid and heads (``DenseGraph``, what a runtime
+    runs) and their anchors and detections on the heads' outputs (``DenseDecode``) answer the
+    boxes the model answers whole."""
+    from app.engine.model.loading import load_model
+    from app.engine.tasks.adapters import detector_parts
+    from app.engine.tasks.outputs import detections
+
+    loaded = load_model(f"tests.models:{model}", "none", image_size=256, task="detect")
+    parts = detector_parts(loaded.module, 256)
+    assert parts is not None
+    batch = torch.randn(2, 3, 256, 256, generator=torch.Generator().manual_seed(3))
+    with torch.inference_mode():
+        whole = detections(loaded.module(batch))
+        split = parts.decode(parts.graph(batch))
+    assert int((whole[1] > 0).sum()) >= 200
+    for got, want in zip(split, whole, strict=True):
+        torch.testing.assert_close(got, want)
+
+
+@pytest.mark.parametrize(
+    ("model", "backend"), [("resnet18_retinanet", "onnxruntime"), ("resnet18_fcos", "openvino")]
+)
+def test_retinanet_and_fcos_are_served_by_a_runtime(
+    tmp_path: Path, model: str, backend: str
+) -> None:
+    settings = make_settings(model=f"tests.models:{model}", task="detect", image_size=256,
+                             backend=backend, artifacts_dir=tmp_path)  # fmt: skip
+    engine = build_engine(settings.own_model())
+    assert (engine.backend.name, engine.precision) == (backend, "fp32")
+    check = engine.check
+    assert check is not None
+    assert check["passed"], check
+    assert check["reference_boxes"] > 100
+    (answer,) = served(engine, [images.jpeg(images.photo(400, 300))])
+    assert answer.detected is not None

@@ -83,9 +83,9 @@ def runtime_parts(loaded: LoadedModel) -> DetectorParts:
     if parts is None:
         raise StartupError(
             f"{loaded.name} is served by BACKEND=torch (or auto): it answers a list of boxes "
-            f"per image, of data-dependent sizes, which an export cannot take (SSD, SSDlite, "
-            f"Faster R-CNN, Mask R-CNN and models returning padded (boxes, scores, labels) "
-            f"tensors run on every backend)"
+            f"per image, of data-dependent sizes, which an export cannot take (torchvision's "
+            f"SSD, SSDlite, RetinaNet, FCOS, Faster R-CNN and Mask R-CNN, and models returning "
+            f"padded (boxes, scores, labels) tensors run on every backend)"
         )
     return parts
 

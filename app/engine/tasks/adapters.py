@@ -20,6 +20,7 @@ import torch
 from torch import nn
 from torch.nn.functional import pad
 
+from app.engine.tasks.dense import DenseDecode, DenseGraph, dense, head_outputs
 from app.engine.tasks.outputs import Detections, segmentation
 from app.engine.tasks.rcnn import RcnnBoxHead, RcnnDecode, RcnnGraph, two_stage
 from app.engine.tasks.ssd import SsdDecode, SsdGraph
@@ -38,7 +39,7 @@ class TorchvisionDetector(nn.Module):
         self.model = model
         # SSD and SSDlite: in two parts, their detections taken for the batch at once.
         self.batched = type(model).__name__ == "SSD"
-        self._decoders: dict[tuple[int, int], SsdDecode | RcnnDecode] = {}
+        self._decoders: dict[tuple[int, int], SsdDecode | RcnnDecode | DenseDecode] = {}
 
     def forward(self, batch: torch.Tensor) -> list[dict[str, torch.Tensor]] | Detections:
         if self.batched:
@@ -47,11 +48,16 @@ class TorchvisionDetector(nn.Module):
         detected: list[dict[str, torch.Tensor]] = self.model(list(batch))
         return detected
 
-    def decoder(self, size: tuple[int, int]) -> SsdDecode | RcnnDecode:
+    def decoder(self, size: tuple[int, int]) -> SsdDecode | RcnnDecode | DenseDecode:
         """What PyTorch runs of the detector on its graph's outputs for inputs of ``size``,
-        made once per size (SSD's anchors, a two-stage detector's feature levels)."""
+        made once per size (SSD's, RetinaNet's and FCOS's anchors, a two-stage detector's
+        feature levels)."""
         if size not in self._decoders:
-            decode = SsdDecode if self.batched else RcnnDecode
+            decode: type[SsdDecode | RcnnDecode | DenseDecode] = RcnnDecode
+            if self.batched:
+                decode = SsdDecode
+            elif dense(self.model):
+                decode = DenseDecode
             self._decoders[size] = decode(self.model, size)
         return self._decoders[size]
 
@@ -70,10 +76,11 @@ class DetectorParts(NamedTuple):
 
 def detector_parts(module: nn.Module, size: int) -> DetectorParts | None:
     """The parts of a detector a runtime can serve at inputs of ``size``, or None: one that
-    answers a list of boxes per image with no part of fixed shapes known here (RetinaNet,
-    FCOS, a model of one's own) runs on PyTorch alone.
+    answers a list of boxes per image with no part of fixed shapes known here (a model of
+    one's own) runs on PyTorch alone.
 
-    SSD and SSDlite: backbone and heads exported, anchors and detections in PyTorch. Faster
+    SSD and SSDlite: backbone and heads exported, anchors and detections in PyTorch; RetinaNet
+    and FCOS the same, their detections the model's own (``tasks.dense``). Faster
     R-CNN and Mask R-CNN: backbone and feature pyramid exported, proposals and heads in
     PyTorch (``tasks.rcnn``), but for Faster R-CNN's box head, a second graph. A model that
     returns padded ``(boxes, scores, labels)`` itself: exported whole."""
@@ -81,6 +88,9 @@ def detector_parts(module: nn.Module, size: int) -> DetectorParts | None:
         if module.batched:
             return DetectorParts(SsdGraph(module.model), module.decoder((size, size)),
                                  ("bbox_regression", "cls_logits"))  # fmt: skip
+        if dense(module.model):
+            return DetectorParts(DenseGraph(module.model), module.decoder((size, size)),
+                                 head_outputs(module.model))  # fmt: skip
         if not two_stage(module.model):
             return None
         decode = module.decoder((size, size))
