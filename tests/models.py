@@ -446,3 +446,13 @@ def _dense_detector(kind: Callable[..., Any]) -> nn.Module:
                                    returned_layers=[2, 3, 4],
                                    extra_blocks=LastLevelP6P7(256, 256))  # fmt: skip
     return TorchvisionDetector(kind(backbone, num_classes=5, score_thresh=0.0))
+
+
+def resnet18_mask_rcnn() -> nn.Module:
+    """Mask R-CNN on a ResNet-18 pyramid, random weights, every proposal's best classes
+    answered (its mask branch dropped by the adapter: a detector answers boxes)."""
+    from torchvision.models.detection import MaskRCNN
+    from torchvision.models.detection.backbone_utils import resnet_fpn_backbone
+
+    backbone = resnet_fpn_backbone(backbone_name="resnet18", weights=None)
+    return _every_box(lambda: MaskRCNN(backbone, num_classes=5))

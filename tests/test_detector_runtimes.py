@@ -291,3 +291,40 @@ def test_retinanet_and_fcos_are_served_by_a_runtime(
     assert check["reference_boxes"] > 100
     (answer,) = served(engine, [images.jpeg(images.photo(400, 300))])
     assert answer.detected is not None
+
+
+def test_mask_rcnn_answers_its_boxes_without_its_mask_branch() -> None:
+    """Served as a detector, Mask R-CNN answers boxes: the adapter drops its mask branch (four
+    convolutions on every detection, and masks pasted into the image) and the boxes stay what
+    the model with its masks answers; its box head is then a graph for the runtime."""
+    import copy
+    from typing import Any
+
+    from torchvision.models.detection import MaskRCNN
+    from torchvision.models.detection.backbone_utils import resnet_fpn_backbone
+
+    from app.engine.model.loading import load_model
+    from app.engine.tasks.adapters import detector_parts
+    from app.engine.tasks.outputs import detections
+
+    loaded = load_model("tests.models:resnet18_mask_rcnn", "none", image_size=256, task="detect")
+    served_model: Any = loaded.module
+    heads = served_model.model.roi_heads
+    assert not heads.has_mask()
+    whole: Any = copy.deepcopy(served_model)  # with a mask branch again (a mask's weights
+    # do not move a box)
+    donor: Any = MaskRCNN(resnet_fpn_backbone(backbone_name="resnet18", weights=None), 5)
+    for part in ("mask_roi_pool", "mask_head", "mask_predictor"):
+        setattr(whole.model.roi_heads, part, getattr(donor.roi_heads, part))
+    assert whole.model.roi_heads.has_mask()
+    batch = torch.randn(2, 3, 256, 256, generator=torch.Generator().manual_seed(3))
+    with torch.inference_mode():
+        with_masks = whole.eval()(batch)
+        boxes_only = served_model(batch)
+    assert "masks" in with_masks[0]
+    assert "masks" not in boxes_only[0]
+    for got, want in zip(detections(boxes_only), detections(with_masks), strict=True):
+        torch.testing.assert_close(got, want)
+    parts = detector_parts(served_model, 256)
+    assert parts is not None
+    assert parts.box_head is not None

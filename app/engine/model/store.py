@@ -97,9 +97,9 @@ def runtime_decode(loaded: LoadedModel) -> Callable[[Sequence[torch.Tensor]], An
 
 
 def ensure_box_head(root: Path, loaded: LoadedModel, backend: str) -> Path | None:
-    """A Faster R-CNN's box head for ``backend`` (fp32 ONNX, or OpenVINO IR converted from
-    it), exported now if it is not there yet; None for a model without one. It stays fp32
-    beside an INT8 backbone: the gate judges the graph it quantised."""
+    """A two-stage detector's box head for ``backend`` (fp32 ONNX, or OpenVINO IR converted
+    from it), exported now if it is not there yet; None for a model without one. It stays
+    fp32 beside an INT8 backbone: the gate judges the graph it quantised."""
     if loaded.task != "detect" or runtime_parts(loaded).box_head is None:
         return None
     key = artifact_key(loaded, "fp32", onnx_exporter() + BOX_HEAD)

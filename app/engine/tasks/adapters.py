@@ -9,6 +9,9 @@ letterboxes to the served size, and the transform is replaced by ``ServedBatch``
 the batch as it is; its boxes come back in the input's pixels, which the server maps to the
 original image's. It runs its own non-maximum suppression. Its output (a list of dicts, with
 data-dependent sizes) cannot be traced or captured in a CUDA graph, so it runs eagerly.
+Mask R-CNN is served as the detector it is: its boxes, without its mask branch (four
+convolutions on every detection's pooled features, then each mask pasted into the image),
+whose masks a detector's answer does not carry.
 """
 
 from __future__ import annotations
@@ -36,6 +39,9 @@ class TorchvisionDetector(nn.Module):
         # server normalises with them (``statistics``), so the model must not again.
         self.statistics = (tuple(transform.image_mean), tuple(transform.image_std))
         model.transform = ServedBatch(transform)
+        roi_heads: Any = getattr(model, "roi_heads", None)
+        if roi_heads is not None and roi_heads.has_mask():  # Mask R-CNN: boxes are answered
+            roi_heads.mask_roi_pool = roi_heads.mask_head = roi_heads.mask_predictor = None
         self.model = model
         # SSD and SSDlite: in two parts, their detections taken for the batch at once.
         self.batched = type(model).__name__ == "SSD"
@@ -66,7 +72,7 @@ class DetectorParts(NamedTuple):
     """A detector as an inference runtime serves it: ``graph`` (exported, fixed shapes) and
     ``decode``, which PyTorch runs on the graph's outputs, named ``outputs``; ``box_head``: a
     second graph for the runtime that ``decode`` can run there (``RcnnDecode.with_box_head``),
-    a Faster R-CNN's."""
+    a two-stage detector's."""
 
     graph: nn.Module
     decode: Callable[[Sequence[torch.Tensor]], Detections]
@@ -81,9 +87,9 @@ def detector_parts(module: nn.Module, size: int) -> DetectorParts | None:
 
     SSD and SSDlite: backbone and heads exported, anchors and detections in PyTorch; RetinaNet
     and FCOS the same, their detections the model's own (``tasks.dense``). Faster
-    R-CNN and Mask R-CNN: backbone and feature pyramid exported, proposals and heads in
-    PyTorch (``tasks.rcnn``), but for Faster R-CNN's box head, a second graph. A model that
-    returns padded ``(boxes, scores, labels)`` itself: exported whole."""
+    R-CNN and Mask R-CNN: backbone and feature pyramid exported, proposals and suppression in
+    PyTorch, the box head a second graph (``tasks.rcnn``). A model that returns padded
+    ``(boxes, scores, labels)`` itself: exported whole."""
     if isinstance(module, TorchvisionDetector):
         if module.batched:
             return DetectorParts(SsdGraph(module.model), module.decoder((size, size)),
@@ -95,12 +101,9 @@ def detector_parts(module: nn.Module, size: int) -> DetectorParts | None:
             return None
         decode = module.decoder((size, size))
         assert isinstance(decode, RcnnDecode)
-        two_stage_model: Any = module.model
-        has_mask = two_stage_model.roi_heads.has_mask()  # Mask R-CNN: heads kept together
-        box_head = None if has_mask else RcnnBoxHead(two_stage_model, decode)
         return DetectorParts(RcnnGraph(module.model), decode,
                              tuple(f"features_{level}" for level in decode.levels),
-                             box_head)  # fmt: skip
+                             RcnnBoxHead(module.model, decode))  # fmt: skip
     with torch.inference_mode():
         answered = module(torch.zeros((1, 3, size, size), device=_device_of(module)))
     if not (isinstance(answered, tuple) and len(answered) == 3):

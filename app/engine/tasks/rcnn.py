@@ -9,11 +9,11 @@ suppression, as the model runs them (``benchmarks/studies/rcnn_split/``).
 
 Given the proposals, the RoI pooling, the box head's dense layers and its class and box
 predictors are a second graph of fixed shapes but for the number of proposals,
-``RcnnBoxHead``: most of a small detector's arithmetic. Faster R-CNN's ``RcnnDecode`` runs it
-on the runtime that ran the backbone when it is given one (``with_box_head``): served so, an
-image of the MobileNetV3 320 model took 27-33 ms on ONNX Runtime where PyTorch's part alone
-took 61-64 on a 2-core AMD EPYC (``benchmarks/studies/rcnn_split/``). Mask R-CNN's masks are
-pooled from the boxes the box head answers, so its heads stay in PyTorch.
+``RcnnBoxHead``: most of a small detector's arithmetic. ``RcnnDecode`` runs it on the runtime
+that ran the backbone when it is given one (``with_box_head``): served so, an image of Faster
+R-CNN MobileNetV3 320 took 27-33 ms on ONNX Runtime where PyTorch's part alone took 61-64 on a
+2-core AMD EPYC (``benchmarks/studies/rcnn_split/``). Mask R-CNN is served without its mask
+branch (``adapters.TorchvisionDetector``): it is a Faster R-CNN here.
 """
 
 from __future__ import annotations
@@ -90,10 +90,7 @@ class RcnnDecode:
         return self.box_head is None
 
     def with_box_head(self, run: BoxHeadRun) -> RcnnDecode:
-        """This decoding with the box head run by ``run``: a Faster R-CNN's (Mask R-CNN's
-        masks are pooled from the boxes its box head answers: it keeps its heads together)."""
-        if self.model.roi_heads.has_mask():
-            return self
+        """This decoding with the box head run by ``run``."""
         decode = copy.copy(self)
         decode.box_head = run
         return decode
@@ -120,7 +117,7 @@ class RcnnDecode:
         outputs: Sequence[torch.Tensor],
         sizes: list[tuple[int, int]],
     ) -> Detections:
-        """What ``roi_heads`` answers of a Faster R-CNN, with its box head on the runtime."""
+        """What ``roi_heads`` answers, with the box head on the runtime."""
         assert self.box_head is not None
         heads = self.model.roi_heads
         rois = torch.cat([
@@ -146,7 +143,7 @@ class RcnnDecode:
 
 
 class RcnnBoxHead(nn.Module):
-    """A Faster R-CNN's RoI pooling, box head and predictors as a graph for a runtime:
+    """A two-stage detector's RoI pooling, box head and predictors as a graph for a runtime:
     ``(rois [R, 5], *feature maps)`` to ``(class_logits [R, classes], box_regression [R, 4 *
     classes])``, as ``roi_heads`` computes them. Each proposal is pooled from the level its
     size maps to, as ``MultiScaleRoIAlign`` pools them: where sizes map to several levels, each
