@@ -4,10 +4,12 @@ Per round, a fresh process per model and backend builds the engine as the server
 (random weights, the served input size), letterboxes photo-like JPEGs of mixed sizes into
 normalised batches as the server does, and times the backend's forward pass (for a detector,
 what PyTorch decodes of it too) at batch 1 and at batch 8: the best of ``--repeats`` runs
-each, in milliseconds per image. An SSD on a runtime also reports its decoding alone (anchors,
-boxes, the batch's detections and suppression, in PyTorch). SSDlite's INT8 on both runtimes
-is built from its random weights on generated photos and served past its gate, which refuses a
-detector confident of no box: its speed only. Medians over rounds.
+each, in milliseconds per image. A detector on a runtime also reports its decoding alone
+(SSD's anchors, boxes, the batch's detections and suppression, in PyTorch; Faster R-CNN's
+proposals and suppression in PyTorch, with its box head, the runtime's second graph).
+SSDlite's INT8 on both runtimes is built from its random weights on generated photos and served
+past its gate, which refuses a detector confident of no box: its speed only. Medians over
+rounds.
 
 Usage: ``python -m benchmarks task_batching --rounds 3``
 """
@@ -33,6 +35,8 @@ CONFIGS = [
     ("ssdlite320_mobilenet_v3_large", "onnxruntime"),
     ("ssdlite320_mobilenet_v3_large", "openvino"),
     ("fasterrcnn_mobilenet_v3_large_320_fpn", "torch"),
+    ("fasterrcnn_mobilenet_v3_large_320_fpn", "onnxruntime"),
+    ("fasterrcnn_mobilenet_v3_large_320_fpn", "openvino"),
     ("deeplabv3_mobilenet_v3_large", "torch"),
     ("deeplabv3_mobilenet_v3_large", "onnxruntime"),
     ("deeplabv3_mobilenet_v3_large", "openvino"),
@@ -134,7 +138,9 @@ def markdown(data: dict[str, Any]) -> str:
 `python -m benchmarks task_batching --rounds {data["rounds"]}`: each backend's forward pass
 (with what PyTorch decodes of a detector's graph) on letterboxed photo-like JPEGs, best of
 {data["repeats"]} runs at batch 1 and at batch 8, a fresh process per model, backend and round;
-medians over rounds. Random weights.
+medians over rounds. Random weights. A detector's decoding on a runtime is timed apart too:
+SSD's anchors, boxes and detections; Faster R-CNN's proposals, its box head (the runtime's
+second graph) and suppression.
 
 {
         table(
@@ -143,7 +149,7 @@ medians over rounds. Random weights.
                 "ms / image alone",
                 "ms / image in 8",
                 "saved by the batch",
-                "SSD decode ms / image, alone / in 8",
+                "decode ms / image, alone / in 8",
             ],
             rows,
         )
