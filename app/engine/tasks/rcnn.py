@@ -26,7 +26,6 @@ from typing import Any
 import torch
 from torch import nn
 from torch.nn.functional import pad
-from torchvision.ops import roi_align
 
 from app.engine.tasks.outputs import Detections, detections
 
@@ -182,6 +181,8 @@ class RcnnBoxHead(nn.Module):
         return class_logits, box_regression
 
     def _pool(self, features: torch.Tensor, rois: torch.Tensor, scale: float) -> torch.Tensor:
+        from torchvision.ops import roi_align  # torchvision only where a detector is served
+
         pooled: torch.Tensor = roi_align(features, rois, self.output_size, scale,
                                          self.sampling_ratio, False)  # fmt: skip
         return pooled
