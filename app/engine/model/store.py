@@ -57,14 +57,25 @@ def artifact_key(loaded: LoadedModel, precision: str, exporter: str) -> Artifact
 
 def ensure_onnx(root: Path, loaded: LoadedModel) -> Path:
     """The fp32 ONNX artefact, exported now if it is not there yet."""
-    key = artifact_key(loaded, "fp32", onnx_exporter())
-    path = find(root, key, ONNX_FILE)
-    if path is None:
+
+    def export(out: Path) -> None:
         graph, outputs = exported_graph(loaded)
+        export_onnx(copy.deepcopy(graph), input_shape(loaded), out, outputs)
+
+    return _made(root, artifact_key(loaded, "fp32", onnx_exporter()), ONNX_FILE, export,
+                 f"exported {loaded.name} to ONNX")  # fmt: skip
+
+
+def _made(root: Path, key: ArtifactKey, filename: str, make: Callable[[Path], None],
+          done: str) -> Path:  # fmt: skip
+    """The artefact ``filename`` of ``key`` under ``root``: found, or written by ``make`` into
+    a scratch file now and moved into place (logged as ``done``)."""
+    path = find(root, key, filename)
+    if path is None:
         with building(root, key) as scratch:
-            export_onnx(copy.deepcopy(graph), input_shape(loaded), scratch / ONNX_FILE, outputs)
-        path = key.path(root) / ONNX_FILE
-        logger.info("exported %s to ONNX: %s", loaded.name, path)
+            make(scratch / filename)
+        path = key.path(root) / filename
+        logger.info("%s: %s", done, path)
     return path
 
 
@@ -100,30 +111,24 @@ def ensure_box_head(root: Path, loaded: LoadedModel, backend: str) -> Path | Non
     """A two-stage detector's box head for ``backend`` (fp32 ONNX, or OpenVINO IR converted
     from it), exported now if it is not there yet; None for a model without one. It stays
     fp32 beside an INT8 backbone: the gate judges the graph it quantised."""
-    if loaded.task != "detect" or runtime_parts(loaded).box_head is None:
+    if loaded.task != "detect":
         return None
-    key = artifact_key(loaded, "fp32", onnx_exporter() + BOX_HEAD)
-    path = find(root, key, ONNX_FILE)
-    if path is None:
-        with building(root, key) as scratch:
-            _export_box_head(loaded, scratch / ONNX_FILE)
-        path = key.path(root) / ONNX_FILE
-        logger.info("exported the box head of %s to ONNX: %s", loaded.name, path)
+    parts = runtime_parts(loaded)
+    if parts.box_head is None:
+        return None
+    path = _made(root, artifact_key(loaded, "fp32", onnx_exporter() + BOX_HEAD), ONNX_FILE,
+                 lambda out: _export_box_head(loaded, parts, out),
+                 f"exported the box head of {loaded.name} to ONNX")  # fmt: skip
     if backend != "openvino":
         return path
-    ir_key = artifact_key(loaded, "fp32", openvino_exporter() + BOX_HEAD)
-    ir_path = find(root, ir_key, OPENVINO_FILE)
-    if ir_path is None:
-        with building(root, ir_key) as scratch:
-            convert_to_openvino(path, scratch / OPENVINO_FILE)
-        ir_path = ir_key.path(root) / OPENVINO_FILE
-    return ir_path
+    return _made(root, artifact_key(loaded, "fp32", openvino_exporter() + BOX_HEAD),
+                 OPENVINO_FILE, lambda out: convert_to_openvino(path, out),
+                 f"converted the box head of {loaded.name} to OpenVINO IR")  # fmt: skip
 
 
-def _export_box_head(loaded: LoadedModel, path: Path) -> None:
+def _export_box_head(loaded: LoadedModel, parts: DetectorParts, path: Path) -> None:
     """The box head with a dynamic number of proposals and of images, on the features of two
     random images and three proposals in each."""
-    parts = runtime_parts(loaded)
     assert parts.box_head is not None
     size = loaded.transform.crop_size
     generator = torch.Generator().manual_seed(0)
@@ -151,15 +156,9 @@ def int8_key(loaded: LoadedModel, backend: str) -> ArtifactKey:
 
 def ensure_openvino(root: Path, loaded: LoadedModel, precision: str) -> Path:
     """The fp32 OpenVINO IR, converted from the ONNX artefact now if it is not there yet."""
-    key = artifact_key(loaded, precision, openvino_exporter())
-    path = find(root, key, OPENVINO_FILE)
-    if path is None:
-        onnx_path = ensure_onnx(root, loaded)
-        with building(root, key) as scratch:
-            convert_to_openvino(onnx_path, scratch / OPENVINO_FILE)
-        path = key.path(root) / OPENVINO_FILE
-        logger.info("converted %s to OpenVINO IR: %s", loaded.name, path)
-    return path
+    return _made(root, artifact_key(loaded, precision, openvino_exporter()), OPENVINO_FILE,
+                 lambda out: convert_to_openvino(ensure_onnx(root, loaded), out),
+                 f"converted {loaded.name} to OpenVINO IR")  # fmt: skip
 
 
 def int8_artifact(root: Path, loaded: LoadedModel, backend: str) -> Path | None:

@@ -17,9 +17,9 @@ from typing import Any
 
 import torch
 from torch import nn
-from torch.nn.functional import pad
 
 from app.engine.tasks.outputs import Detections, detections
+from app.engine.tasks.rcnn import RcnnGraph, padded_size
 
 
 def dense(model: Any) -> bool:
@@ -41,18 +41,12 @@ class DenseGraph(nn.Module):
 
     def __init__(self, model: Any) -> None:
         super().__init__()
-        self.backbone = model.backbone
+        self.pyramid = RcnnGraph(model)  # padded as a two-stage detector's, the same pyramid
         self.head = model.head
         self.names = head_outputs(model)
-        self.size_divisible = int(getattr(model.transform, "size_divisible", 1))
 
     def forward(self, batch: torch.Tensor) -> tuple[torch.Tensor, ...]:
-        height, width = batch.shape[-2:]
-        bottom, right = -height % self.size_divisible, -width % self.size_divisible
-        if bottom or right:
-            batch = pad(batch, (0, right, 0, bottom))
-        features = self.backbone(batch.contiguous(memory_format=torch.channels_last))
-        answered = self.head(list(features.values()))
+        answered = self.head(list(self.pyramid(batch)))
         return tuple(answered[name] for name in self.names)
 
 
@@ -66,8 +60,7 @@ class DenseDecode:
         self.model = model
         self.size = size
         self.names = head_outputs(model)
-        divisible = int(getattr(model.transform, "size_divisible", 1))
-        padded = tuple(side + (-side % divisible) for side in size)
+        padded = padded_size(model, size)
         device = next(model.parameters()).device
         with torch.inference_mode():
             blank = torch.zeros((1, 3, *padded), device=device)

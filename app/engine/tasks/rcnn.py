@@ -35,9 +35,16 @@ def two_stage(model: Any) -> bool:
     return all(hasattr(model, part) for part in ("backbone", "rpn", "roi_heads"))
 
 
+def padded_size(model: Any, size: tuple[int, int]) -> tuple[int, ...]:
+    """``size`` padded as the detector's transform pads a batch: to its ``size_divisible``."""
+    divisible = int(getattr(model.transform, "size_divisible", 1))
+    return tuple(side + (-side % divisible) for side in size)
+
+
 class RcnnGraph(nn.Module):
-    """The backbone and feature pyramid of a two-stage detector, on the server's batch padded
-    as the detector's transform pads it: ``batch [N, 3, S, S]`` to its feature maps."""
+    """The backbone and feature pyramid of a two-stage detector (or of RetinaNet's and FCOS's,
+    ``tasks.dense``), on the server's batch padded as the detector's transform pads it:
+    ``batch [N, 3, S, S]`` to its feature maps."""
 
     def __init__(self, model: Any) -> None:
         super().__init__()
@@ -69,8 +76,7 @@ class RcnnDecode:
     def __init__(self, model: Any, size: tuple[int, int]) -> None:
         self.model = model
         self.size = size
-        divisible = int(getattr(model.transform, "size_divisible", 1))
-        self.padded = tuple(side + (-side % divisible) for side in size)
+        self.padded = padded_size(model, size)
         first = next(model.parameters())
         with torch.inference_mode():
             blank = torch.zeros((1, 3, *self.padded), device=first.device)
