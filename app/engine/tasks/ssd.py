@@ -2,11 +2,12 @@
 
 torchvision's ``SSD.postprocess_detections`` loops in Python over the images and, in each,
 over every class (90 for COCO): a score threshold, a top-k and three index operations per
-class and image, 720 small steps for a batch of eight before the suppression. The same answer
-for the batch in a few tensor operations: every class's top-k anchors of every image at once
-(the top k of the scores above the threshold are exactly the scores above the threshold among
-the top k), then each image's ``batched_nms`` (grouped by class) and its best
-``detections_per_img``, padded into ``(boxes, scores, labels)``.
+class and image, 720 small steps for a batch of eight, then suppresses every candidate left
+(up to 27,000 an image). The same answer from each image's best candidates alone: the best
+few hundred of every image's anchor-and-class scores at once, the ones torchvision would keep
+among them (above the threshold, within their class's top k), and their suppression; only
+when that leaves fewer than ``detections_per_img`` does the search widen
+(``best_survivors``). Only the chosen anchors' boxes are decoded.
 
 The model is served in two parts: ``SsdGraph`` (backbone and heads: fixed shapes, the part an
 inference runtime can run) and ``SsdDecode`` (anchors, box decoding, the detections above),
@@ -94,26 +95,29 @@ def batched_detections(
     scores = softmax(logits, dim=-1)[:, :, 1:]  # [N, A, C - 1]
     classes = scores.shape[2]
     top, anchor = scores.topk(min(topk, count), dim=1)  # [N, k, C - 1]: per image and class
-    kept = top > score_thresh
-    image = torch.arange(n, device=boxes.device).view(n, 1, 1).expand_as(anchor)[kept]
-    label = torch.arange(1, classes + 1, device=boxes.device).expand_as(anchor)[kept]
-    score = top[kept]
-    box = boxes[image, anchor[kept]]
-    # The suppression image by image, as torchvision runs it: over a whole batch at once,
-    # ``batched_nms`` loops over every (image, class) group of a tensor n times as long.
-    found = []  # per image: the indices of its candidates that survive, best first
+    top, anchor = top.reshape(n, -1), anchor.reshape(n, -1)  # each image's candidates
+    label = torch.arange(1, classes + 1, device=boxes.device).repeat(top.shape[1] // classes)
+    found = []
     for each in range(n):
-        mine = torch.nonzero(image == each).squeeze(1)
-        found.append(mine[best_survivors(box[mine], score[mine], label[mine], nms_thresh,
-                                         per_image)])  # fmt: skip
-    width = max(1, *map(len, found))
+        score = top[each]
+        kept = score > score_thresh
+        # Indices only where some fall below: random weights keep every one of 27,000.
+        chosen = None if bool(kept.all()) else kept.nonzero().squeeze(1)
+        if chosen is not None:
+            score = score[chosen]
+        mine = anchor[each] if chosen is None else anchor[each, chosen]
+        labels = label if chosen is None else label[chosen]
+        box = boxes[each, mine]
+        survivors = best_survivors(box, score, labels, nms_thresh, per_image)
+        found.append((box[survivors], score[survivors], labels[survivors]))
+    width = max(1, *(len(score) for _, score, _ in found))
     out_boxes = boxes.new_zeros((n, width, 4))
     out_scores = scores.new_zeros((n, width))
     out_labels = torch.zeros((n, width), dtype=torch.int64, device=boxes.device)
-    for each, survivors in enumerate(found):
-        out_boxes[each, : len(survivors)] = box[survivors]
-        out_scores[each, : len(survivors)] = score[survivors]
-        out_labels[each, : len(survivors)] = label[survivors]
+    for each, (box, score, labels) in enumerate(found):
+        out_boxes[each, : len(score)] = box
+        out_scores[each, : len(score)] = score
+        out_labels[each, : len(score)] = labels
     return out_boxes, out_scores, out_labels
 
 
@@ -126,13 +130,18 @@ def best_survivors(
     survivors, no later candidate can be among the first ``keep``. A random-weight SSDlite
     scores every anchor of every class alike, 27,000 candidates an image; a trained one still
     has thousands above its threshold of 0.001 (equal scores may come out in another order)."""
-    from torchvision.ops import batched_nms
+    from torchvision.ops import nms
 
     order = scores.argsort(descending=True)
     head = 2 * keep
     while True:
         best = order[:head]
-        survivors = best[batched_nms(boxes[best], scores[best], labels[best], iou)]
+        # Per class in one call: each class's boxes moved apart from the others' (what
+        # ``batched_nms`` does for up to a thousand boxes on a CPU; beyond, it calls ``nms``
+        # once per class, 90 times for COCO).
+        box = boxes[best]
+        apart = box + (labels[best] * (box.max() + 1)).to(box.dtype)[:, None] if len(box) else box
+        survivors = best[nms(apart, scores[best], iou)]
         if len(survivors) >= keep or head >= len(order):
             return survivors[:keep]
         head *= 4
