@@ -3,11 +3,11 @@
 torchvision's ``SSD.postprocess_detections`` loops in Python over the images and, in each,
 over every class (90 for COCO): a score threshold, a top-k and three index operations per
 class and image, 720 small steps for a batch of eight, then suppresses every candidate left
-(up to 27,000 an image). The same answer from each image's best candidates alone: the best
-few hundred of every image's anchor-and-class scores at once, the ones torchvision would keep
-among them (above the threshold, within their class's top k), and their suppression; only
-when that leaves fewer than ``detections_per_img`` does the search widen
-(``best_survivors``). Only the chosen anchors' boxes are decoded.
+(up to 27,000 an image). The same answer in a few tensor operations: every class's top-k
+anchors of every image at once (the top k of the scores above the threshold are exactly the
+scores above the threshold among the top k), each image's candidates above the threshold
+taken by one mask, then its suppression among its best candidates only (``best_survivors``),
+padded into ``(boxes, scores, labels)``.
 
 The model is served in two parts: ``SsdGraph`` (backbone and heads: fixed shapes, the part an
 inference runtime can run) and ``SsdDecode`` (anchors, box decoding, the detections above),
