@@ -89,6 +89,16 @@ class ModelKeys(BaseModel):
     and remembered; on a GPU `torch`), `torch` (eager, TorchScript, inductor, CUDA graphs),
     `onnxruntime` (extra `onnx`), `openvino` (extra `openvino`); see [Inference
     runtimes](runtimes.md)."""
+    # On a CPU: each batch whole over every thread (1), in N parts side by side, or auto
+    # (measured at start-up: whole, or in as many parts as threads).
+    shards: Literal["auto"] | Annotated[int, Field(ge=1, le=1024)] = "auto"
+    """On a CPU, how a batch runs: `1` whole, every operation split over all the threads; `N` in
+    N parts side by side, each on its share of the threads (a small model's short operations
+    split badly over threads); `auto` measures the served backend both ways at start-up (as
+    many parts as threads) and splits only when that is faster beyond the noise; the decision
+    is kept beside the artefacts, so later starts measure nothing. A batch smaller than the
+    parts runs whole. On a GPU batches run whole; see [Inference
+    runtimes](runtimes.md#a-batch-in-parts)."""
     calibration_dir: Directory | None = None
     """A folder of photos: with `PRECISION=int8` and no INT8 model made from them yet, start-up
     builds one, calibrated on every other photo and judged by the accuracy gate on the rest."""

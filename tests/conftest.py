@@ -53,6 +53,7 @@ def make_settings(**overrides: Any) -> Settings:
         "drain_timeout_s": 5,
         "grpc_port": 0,  # in-process apps share one machine: gRPC only where a test asks
         "backend": "torch",  # BACKEND=auto measures every runtime: only where a test asks
+        "shards": 1,  # SHARDS=auto measures the backend twice: only where a test asks
     }
     values.update(overrides)
     return Settings(_env_file=None, **values)

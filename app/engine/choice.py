@@ -97,6 +97,11 @@ def _version(distribution: str) -> str:
         return "-"
 
 
+def runtime_versions() -> dict[str, str]:
+    """The installed version of every candidate backend's distribution."""
+    return {name: _version(name) for name in CANDIDATES}
+
+
 def decision_path(
     config: ModelConfig, model_digest: str, rows: int, int8_ready: list[str], native_bf16: bool
 ) -> Path:
@@ -108,7 +113,7 @@ def decision_path(
         "image_size": config.image_size, "cpu": cpu_model(), "int8_class": this_cpu().name,
         # Native bf16 kernels add bf16 candidates (PyTorch's and OpenVINO's) to PRECISION=auto.
         "native_bf16": native_bf16,
-        "versions": {name: _version(name) for name in CANDIDATES},
+        "versions": runtime_versions(),
         "candidates": installed(), "int8_ready": sorted(int8_ready), "code": code_fingerprint(),
     }  # fmt: skip
     digest = hashlib.sha256(json.dumps(key, sort_keys=True).encode()).hexdigest()[:20]

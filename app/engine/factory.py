@@ -45,6 +45,7 @@ from app.engine.model.store import (
     torchscript_artifact,
 )
 from app.engine.observer import EngineObserver
+from app.engine.sharding import shard
 from app.engine.tasks import server_nms
 from app.model_config import ModelConfig
 from app.startup import Phases
@@ -186,6 +187,13 @@ def _engine_for(
     engine = engine_of(backend)
     if is_checked(backend):
         engine.check = checks.get(backend) or engine_check(engine, loaded, device, phases)
+    with phases.phase("choice"):  # SHARDS=auto's measuring, when it measures
+        served = shard(backend, config, model_digest=loaded_digest(loaded),
+                       input_shape=input_shape(loaded), rows=build.rows,
+                       device_lock=device_lock, machine=build.machine)  # fmt: skip
+    if served is not backend:  # the check stands: the same artefact, run in parts
+        checked, engine = engine.check, engine_of(served)
+        engine.check = checked
     return engine
 
 

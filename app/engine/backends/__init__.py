@@ -10,8 +10,16 @@ import torch
 
 from app.engine.backends.base import Backend
 from app.engine.backends.pytorch import TorchBackend
+from app.engine.backends.sharded import ShardedBackend
 
-__all__ = ["RUNTIMES", "Backend", "TorchBackend", "open_runtime"]
+__all__ = [
+    "RUNTIMES",
+    "Backend",
+    "ShardedBackend",
+    "TorchBackend",
+    "open_runtime",
+    "sharded_backend",
+]
 
 RUNTIMES = ("onnxruntime", "openvino")
 
@@ -46,6 +54,25 @@ def open_runtime(
                                   concurrent_batches=concurrent_batches)  # fmt: skip
     else:
         raise ValueError(f"no runtime {name!r}: {', '.join(RUNTIMES)}")
+    return _decoding(backend, decode, box_head)
+
+
+def sharded_backend(backend: Backend, shards: int, threads_each: int) -> ShardedBackend:
+    """``backend``'s model run as ``shards`` parts of each batch side by side, ``threads_each``
+    threads each (``NotImplementedError`` where it runs every batch whole): opened again for
+    the parts, with its decoding, and a two-stage detector's box head on the parts' runtime."""
+    part = backend.for_parts(shards, threads_each)
+    if part is not backend:
+        part = _decoding(part, backend.decode, backend.box_head)
+    return ShardedBackend(backend, part, shards, threads_each)
+
+
+def _decoding(
+    backend: Backend,
+    decode: Callable[[Sequence[torch.Tensor]], Any] | None,
+    box_head: Path | None,
+) -> Backend:
+    """``backend`` with a detector's ``decode``, its ``box_head`` graph run by ``backend``."""
     if box_head is not None:
         from app.engine.tasks.rcnn import RcnnDecode
 

@@ -75,6 +75,12 @@ class Backend(ABC):
         threads, its precision), taking its inputs in order and answering its outputs."""
         raise NotImplementedError(f"{self.name} runs one graph")
 
+    def for_parts(self, parts: int, threads_each: int) -> Backend:
+        """The same model opened again to run ``parts`` calls at once, each on
+        ``threads_each`` threads (``backends.sharded``), its decoding left to the caller
+        (``backends.sharded_backend``)."""
+        raise NotImplementedError(f"{self.name} runs every batch whole")
+
     def prepare(self, buckets: Sequence[int]) -> None:  # noqa: B027 - optional hook
         """Get ready to serve these batch sizes (capture graphs, tune kernels): called once,
         before the warm-up batches."""

@@ -109,6 +109,13 @@ class OnnxRuntimeBackend(Backend):
         self.session.run_with_iobinding(binding)
         return self.finished([logits])
 
+    def for_parts(self, parts: int, threads_each: int) -> Backend:
+        # A session runs concurrent calls (each on the calling thread and its own pool).
+        if self.device.type == "cuda":
+            raise NotImplementedError("on a GPU a batch runs whole")
+        return OnnxRuntimeBackend(self.path, self.device, precision=self.precision,
+                                  threads=threads_each, classes=self.classes)  # fmt: skip
+
     def open_graph(self, path: Path) -> Callable[[Sequence[torch.Tensor]], list[torch.Tensor]]:
         if self.device.type == "cuda":
             raise StartupError("a second graph runs on ONNX Runtime on the CPU")

@@ -65,6 +65,11 @@ class OpenVinoBackend(Backend):
     def forward(self, batch: torch.Tensor) -> Any:
         return self.finished(_infer(self._requests, [batch], self._outputs))
 
+    def for_parts(self, parts: int, threads_each: int) -> Backend:
+        # One stream per part: OpenVINO shares its threads out among the streams.
+        return OpenVinoBackend(self.path, precision=self.precision,
+                               threads=threads_each * parts, concurrent_batches=parts)  # fmt: skip
+
     def open_graph(self, path: Path) -> Callable[[Sequence[torch.Tensor]], list[torch.Tensor]]:
         compiled = self._core.compile_model(self._core.read_model(str(path)), "CPU",
                                             self._compile_config)  # fmt: skip

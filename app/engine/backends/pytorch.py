@@ -83,6 +83,12 @@ class TorchBackend(Backend):
                     self.model, buckets, self.input_shape, self.input_dtype, self.device
                 )
 
+    def for_parts(self, parts: int, threads_each: int) -> Backend:
+        # torch's threads are the calling thread's: each part's thread sets its own count.
+        if self.device.type != "cpu" or self.fixed_shapes:
+            raise NotImplementedError("on a GPU, or padded to buckets, a batch runs whole")
+        return self
+
     def forward(self, batch: torch.Tensor) -> torch.Tensor:
         if self._graphs is not None:
             return self._graphs.run(batch)

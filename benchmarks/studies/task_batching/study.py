@@ -66,7 +66,7 @@ def measure(model: str, backend: str, artifacts: Path, repeats: int) -> dict[str
         int8 = {"precision": "int8", "calibration_dir": calibration, "allow_ungated_int8": True}
     settings = Settings(_env_file=None, model=model, weights="none", backend=backend,
                         artifacts_dir=artifacts, max_batch_size=8, grpc_port=0,
-                        **int8)  # fmt: skip
+                        shards=1, **int8)  # fmt: skip
     engine = build_engine(settings.own_model())
     loaded = load_configured_model(settings.own_model())  # its letterbox and statistics
     photos = generate(8)
