@@ -22,8 +22,8 @@ TOOLS = (
 # One question each: what a change gained, a suspect cleared, a choice measured.
 STUDIES = (
     "decode", "event_loop", "grpc_rest", "handoff", "int8_emulated", "models", "priorities",
-    "rcnn_split", "reload", "resize", "runtime_options", "task_batching", "torch_threads",
-    "workers",
+    "rcnn_split", "reload", "resize", "runtime_options", "shards", "task_batching",
+    "torch_threads", "workers",
 )  # fmt: skip
 HERE = Path(__file__).parent
 
