@@ -64,7 +64,8 @@ def test_a_batch_runs_in_parts_side_by_side_each_with_its_share_of_torchs_thread
         torch.set_num_threads(threads)
     assert answer.squeeze(1).tolist() == [12.0 * row for row in range(7)]  # in order
     assert whole.calls == []
-    assert sorted(rows for rows, _, _, _ in part.calls) == [3, 4]
+    # Four pieces (twice as many as threads), each taken by whichever thread is free.
+    assert sorted(rows for rows, _, _, _ in part.calls) == [1, 2, 2, 2]
     assert {name.split("_")[0] for _, name, _, _ in part.calls} == {"MainThread", "shard"}
     assert {(threads, inference) for _, _, threads, inference in part.calls} == {(1, True)}
 
@@ -83,28 +84,33 @@ def test_a_batch_smaller_than_the_parts_runs_whole_on_every_thread() -> None:
 
 
 class FailsFirst(Recording):
-    """The batch's first part fails at once; the other one takes a while and says so."""
+    """The batch's own thread fails once the pool's has started a piece, which takes a while
+    and says when it has ended."""
 
     def __init__(self) -> None:
         super().__init__()
-        self.ended = threading.Event()
+        self.started, self.ended = threading.Event(), threading.Event()
 
     def forward(self, batch: torch.Tensor) -> torch.Tensor:
         if threading.current_thread() is threading.main_thread():
-            raise ValueError("the first part failed")
+            assert self.started.wait(timeout=10)
+            raise ValueError("a piece failed")
+        self.calls.append((batch.shape[0], threading.current_thread().name, 1, True))
+        self.started.set()
         time.sleep(0.3)
         self.ended.set()
-        return super().forward(batch)
+        return batch.sum(dim=(1, 2, 3))[:, None]
 
 
-def test_a_failed_part_fails_the_batch_once_every_part_has_ended() -> None:
-    """The batch's memory goes back to the engine when ``forward`` returns: no part may still
-    be reading it."""
+def test_a_failed_piece_fails_the_batch_once_every_piece_has_ended() -> None:
+    """The batch's memory goes back to the engine when ``forward`` returns: no piece may
+    still be reading it; and once one has failed, no further piece is started."""
     part = FailsFirst()
     sharded = ShardedBackend(Recording(), part, shards=2, threads_each=1)
-    with pytest.raises(ValueError, match="the first part failed"):
-        sharded.forward(rows(4))
+    with pytest.raises(ValueError, match="a piece failed"):
+        sharded.forward(rows(8))
     assert part.ended.is_set()
+    assert len(part.calls) == 1  # the pool's thread took its first piece, and no other
 
 
 def test_parts_outputs_join_as_the_whole_batchs() -> None:

@@ -1,33 +1,42 @@
-"""A batch split across the CPU's cores: its parts run side by side, each on its share of the
-threads, instead of every operation of the whole batch split over all of them.
+"""A batch split across the CPU's cores: its pieces run side by side, each thread on its share
+of the threads, instead of every operation of the whole batch split over all of them.
 
 On a few cores, a small model's operations (a mobile network's depthwise convolutions, a
 detector's decoding in PyTorch) are too short to split well: two threads on one forward pass
-wait for each other at every layer. Run as two halves of a batch on one thread each, the same
-work has nothing to wait for: on a 2-core AMD EPYC, SSDlite's graph on ONNX Runtime ran 137
-images/s that way against 103 as one batch over both threads
+wait for each other at every layer. Run as pieces of a batch on one thread each, the same work
+has nothing to wait for: on a 2-core AMD EPYC, SSDlite on ONNX Runtime, with its decoding,
+took 8.72 ms an image that way against 10.3 as one batch over both threads and 12.4 alone
 (``benchmarks/studies/shards/``). A batch smaller than the parts still runs whole, on every
 thread, so that one image alone keeps the latency of an unbatched forward pass.
 
 ``ShardedBackend`` wraps two openings of the same model: ``whole`` (every thread, for small
 batches) and ``part`` (safe to call from several threads at once, each call on
 ``threads_each`` threads: a second ONNX Runtime session, an OpenVINO model compiled with one
-stream per part, or PyTorch's own module, whose threads are the calling thread's). Each part's
-output is the model's (decoded, for a detector on a runtime) and the parts are joined in
-order: tensors concatenated, a detector's padded ``(boxes, scores, labels)`` padded to the
-widest part first (a score of 0 pads), lists of per-image answers chained.
+stream per part, or PyTorch's own module, whose threads are the calling thread's). ``shards``
+threads (the batch's own and a pool's) take the batch's pieces in turn, twice as many pieces
+as threads; each piece's output is the model's (decoded, for a detector on a runtime) and the
+pieces are joined in order: tensors concatenated, a detector's padded ``(boxes, scores,
+labels)`` padded to the widest piece first (a score of 0 pads), lists of per-image answers
+chained.
 """
 
 from __future__ import annotations
 
 import concurrent.futures
-from collections.abc import Mapping, Sequence
+import itertools
+import threading
+from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
 import torch
 from torch.nn.functional import pad
 
 from app.engine.backends.base import Backend
+
+# Pieces of a batch per thread: a thread that other work slows down (a request's decoding, the
+# event loop) leaves more of them to the others instead of holding the whole batch back (SSDlite
+# on two cores: 92-96 against 88-93 images/s served in halves, ad hoc).
+PIECES_PER_THREAD = 2
 
 
 class ShardedBackend(Backend):
@@ -64,25 +73,40 @@ class ShardedBackend(Backend):
         return self.whole.variant
 
     def forward(self, batch: torch.Tensor) -> Any:
-        if batch.shape[0] < self.shards:
+        rows = batch.shape[0]
+        if rows < self.shards:
             return self.whole.forward(batch)
-        first, *rest = batch.tensor_split(self.shards)
-        pending = [self._pool.submit(self._run, each) for each in rest]
+        pieces = torch.split(batch, -(-rows // (PIECES_PER_THREAD * self.shards)))
+        answers: list[Any] = [None] * len(pieces)
+        taken = itertools.count()  # next() is atomic: each piece is taken once
+        failed = threading.Event()
+
+        def work() -> None:
+            while not failed.is_set() and (index := next(taken)) < len(pieces):
+                try:
+                    answers[index] = self.part.forward(pieces[index])
+                except BaseException:
+                    failed.set()  # the batch has failed: the others take no more pieces
+                    raise
+
+        pending = [self._pool.submit(self._run, work) for _ in range(self.shards - 1)]
         try:
             threads = torch.get_num_threads()
             torch.set_num_threads(self.threads_each)
             try:
-                answered = [self.part.forward(first)]
+                work()
             finally:
                 torch.set_num_threads(threads)
         finally:
-            # Every part ends before the batch's memory is handed on, even when one failed.
+            # Every piece ends before the batch's memory is handed on, even when one failed.
             concurrent.futures.wait(pending)
-        return joined(answered + [each.result() for each in pending])
+        for each in pending:
+            each.result()
+        return joined(answers)
 
-    def _run(self, rows: torch.Tensor) -> Any:
+    def _run(self, work: Callable[[], None]) -> None:
         with torch.inference_mode():
-            return self.part.forward(rows)
+            work()
 
     def prepare(self, buckets: Sequence[int]) -> None:
         self.whole.prepare(buckets)
