@@ -187,13 +187,19 @@ def normalize_into(
     ``out`` keeps its dtype and memory format (e.g. bf16, channels_last): the model's input
     buffer is filled in place. Returns the filled ``out[:n]``.
     """
+    count = len(images)
+    target = out[:count]
+    mean = channel_constant(config.mean, torch.float32, out.device)
+    std = channel_constant(config.std, torch.float32, out.device)
+    if out.dtype == torch.float32 and all(image.device == out.device for image in images):
+        # The same arithmetic in place in the input: no stacked copy, no float copy of it.
+        for row, image in enumerate(images):
+            target[row].copy_(image)
+        return target.mul_(1.0 / 255).sub_(mean).div_(std)
     batch = images if isinstance(images, torch.Tensor) else torch.stack(list(images))
     if batch.device != out.device:
         batch = batch.to(out.device, non_blocking=True)
-    mean = channel_constant(config.mean, torch.float32, batch.device)
-    std = channel_constant(config.std, torch.float32, batch.device)
     # (x / 255 - mean) / std, in place on one float copy
     normalized = batch.to(torch.float32).mul_(1.0 / 255).sub_(mean).div_(std)
-    target = out[: normalized.shape[0]]
     target.copy_(normalized)
     return target
