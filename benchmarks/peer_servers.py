@@ -162,18 +162,21 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
 
 
 def ratios(samples: dict[str, list[dict[str, Any]]], peers: list[str]) -> dict[str, float]:
-    """Each batchserve configuration against each peer, throughput and one-client p50: the
-    median over rounds of the ratio within a round (servers measured minutes apart, so a
-    machine whose speed drifts over the run moves both sides of a ratio alike)."""
+    """Each batchserve configuration against each peer, and the first (the default) against
+    each other one (e.g. unbatched), throughput and one-client p50: the median over rounds of
+    the ratio within a round (servers measured minutes apart, so a machine whose speed drifts
+    over the run moves both sides of a ratio alike)."""
     result: dict[str, float] = {}
-    for ours in (name for name in samples if name not in peers):
-        for peer in peers:
-            pairs = list(zip(samples[ours], samples[peer], strict=True))
-            for label, key in (("images/s", "throughput"), ("one-client p50", "one_client_p50_ms")):
-                # A round where the peer answered nothing has no ratio (it is not infinite):
-                # its zero stays in the table, the median is over the other rounds.
-                within = [mine[key] / theirs[key] for mine, theirs in pairs if theirs[key] > 0]
-                result[f"{ours} vs {peer} {label}"] = median(within) if within else float("nan")
+    configs = [name for name in samples if name not in peers]
+    compared = [(ours, peer) for ours in configs for peer in peers]
+    compared += [(configs[0], other) for other in configs[1:]]
+    for ours, other in compared:
+        pairs = list(zip(samples[ours], samples[other], strict=True))
+        for label, key in (("images/s", "throughput"), ("one-client p50", "one_client_p50_ms")):
+            # A round where the other answered nothing has no ratio (it is not infinite): its
+            # zero stays in the table, the median is over the other rounds.
+            within = [mine[key] / theirs[key] for mine, theirs in pairs if theirs[key] > 0]
+            result[f"{ours} vs {other} {label}"] = median(within) if within else float("nan")
     return result
 
 

@@ -491,3 +491,20 @@ def test_a_round_where_the_peer_answered_nothing_has_no_ratio() -> None:
     result = ratios(samples, ["litserve"])
     assert result["batchserve vs litserve images/s"] == 2.5  # the median of 2 and 3
     assert result["batchserve vs litserve one-client p50"] == 0.5 * (0.5 + 0.5)
+
+
+def test_the_default_is_compared_round_by_round_with_each_other_configuration() -> None:
+    from benchmarks.peer_servers import ratios
+
+    def round_of(throughput: float) -> dict[str, float]:
+        return {"throughput": throughput, "one_client_p50_ms": 10.0}
+
+    samples = {
+        "batchserve": [round_of(90), round_of(80), round_of(96)],
+        "batchserve unbatched": [round_of(60), round_of(40), round_of(64)],
+        "litserve": [round_of(10), round_of(10), round_of(12)],
+    }
+    result = ratios(samples, ["litserve"])
+    assert result["batchserve vs batchserve unbatched images/s"] == 1.5  # 1.5, 2 and 1.5
+    assert "batchserve unbatched vs batchserve images/s" not in result
+    assert result["batchserve unbatched vs litserve images/s"] == 5.3333333333333333
