@@ -24,6 +24,8 @@ from contextlib import ExitStack
 from pathlib import Path
 from typing import Any
 
+import httpx
+
 from app.engine import resolve_task
 from benchmarks import wrk
 from benchmarks.backends import prepare_artifacts
@@ -134,10 +136,13 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
     with stack:
         if resolve_task("auto", args.model) == "classify":
             prepare_artifacts(args.model, args.batch_size, ours)
-        # One start each before the rounds: BACKEND=auto measures once and keeps its choice.
-        for settings in ours.values():
-            with UvicornProcess(settings, startup_timeout=600):
-                pass
+        # One start each before the rounds: BACKEND=auto and SHARDS=auto measure once and
+        # keep their choice, which every round serves.
+        served: dict[str, str] = {}
+        for name, settings in ours.items():
+            with UvicornProcess(settings, startup_timeout=600) as first:
+                served[name] = serving(first.url)
+            print(f"  {name}: {served[name]}", flush=True)
         for round_index in range(args.rounds):
             print(f"round {round_index + 1}/{args.rounds}", flush=True)
             servers: dict[str, ServerProcess] = {
@@ -157,8 +162,19 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
         "machine": machine(), "model": args.model, "batch_size": args.batch_size,
         "clients": args.clients, "rounds": args.rounds, "duration_s": args.duration,
         "configs": args.configs, "peers": {name: PEERS[name]["install"] for name in args.peers},
+        "served": served,
         "medians": medians, "ratios": ratios(samples, args.peers), "samples": samples,
     }  # fmt: skip
+
+
+def serving(url: str) -> str:
+    """What a batchserve server serves its model with: backend, precision, and the parts a
+    batch runs in."""
+    (model,) = httpx.get(f"{url}/v1/models", timeout=10).json()["models"]
+    backend = model["backend"]
+    shards = backend.get("shards")
+    parts = f", {shards['count']} parts" if shards else ", whole batches"
+    return f"{backend['name']} {backend['precision']}{parts}"
 
 
 def ratios(samples: dict[str, list[dict[str, Any]]], peers: list[str]) -> dict[str, float]:
@@ -198,6 +214,7 @@ batchserve: {", ".join(data["configs"])} (`BACKEND=auto` unless a configuration 
 backend; INT8 built from random weights and served ungated, for throughput only). Peers
 ({peers}) written as their documentation shows (`benchmarks/peer_apps`): eager torchvision
 model, torchvision transforms, dynamic batching with the same batch size and a 10 ms window.
+{"".join(f"{chr(10)}- {name} served: {how}" for name, how in data.get("served", {}).items())}
 
 {
         table(
