@@ -203,14 +203,19 @@ def markdown(data: dict[str, Any]) -> str:
         for name, m in data["medians"].items()
     ]  # fmt: skip
     peers = ", ".join(" ".join(spec) for spec in data["peers"].values())
+    chosen = "" if set(data["peers"]) == set(PEERS) else f" --peers {' '.join(data['peers'])}"
+    configs = ", ".join(
+        f"{name} ({settings or 'defaults'})"
+        for name, _, settings in (config.partition(":") for config in data["configs"])
+    )
     return f"""# batchserve beside LitServe and Ray Serve: {data["model"]}
 
 `python -m benchmarks.peer_servers --model {data["model"]} --batch-size {data["batch_size"]} \\
---clients {data["clients"]} --rounds {data["rounds"]}`. Medians of {data["rounds"]} interleaved
+--clients {data["clients"]} --rounds {data["rounds"]}{chosen}`. Medians of {data["rounds"]} interleaved
 rounds, a fresh process for every server in every round, {data["duration_s"]} s per load after
 a warm-up whose queued requests were answered first; wrk on the same machine posting the same
 images as multipart field `file`.
-batchserve: {", ".join(data["configs"])} (`BACKEND=auto` unless a configuration names a
+batchserve: {configs} (`BACKEND=auto` unless a configuration names a
 backend; INT8 built from random weights and served ungated, for throughput only). Peers
 ({peers}) written as their documentation shows (`benchmarks/peer_apps`): eager torchvision
 model, torchvision transforms, dynamic batching with the same batch size and a 10 ms window.

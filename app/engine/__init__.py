@@ -5,7 +5,7 @@ and the benchmarks import from here, never from its modules."""
 
 from __future__ import annotations
 
-from app.engine.backends import Backend, TorchBackend
+from app.engine.backends import Backend, TorchBackend, sharded_backend
 from app.engine.checks.gate import Bounds, compare, eager_reference, probabilities, verdict
 from app.engine.device import (
     DeviceError,
@@ -66,6 +66,7 @@ __all__ = [
     "resolve_decode_device",
     "resolve_device",
     "resolve_task",
+    "sharded_backend",
     "synthetic_jpegs",
     "synthetic_photo",
     "this_cpu",

@@ -48,8 +48,12 @@ def measure(model: str, backend: str, artifacts: Path, repeats: int) -> dict[str
     parts (best of ``repeats``, the three taken in turn)."""
     import torch
 
-    from app.engine import build_engine, calibration_batches, load_configured_model
-    from app.engine.backends import sharded_backend
+    from app.engine import (
+        build_engine,
+        calibration_batches,
+        load_configured_model,
+        sharded_backend,
+    )
     from app.settings import Settings
     from benchmarks.corpus import generate
 
