@@ -229,9 +229,9 @@ def test_faster_rcnn_is_served_by_a_runtime_with_its_box_head_there_too(
 
 
 def test_a_box_head_pools_each_proposal_from_its_own_pyramid_level() -> None:
-    """``RcnnBoxHead`` in PyTorch, given to the decoding in place of ``roi_heads``' own pooling
-    and heads, answers what the model answers whole: on a ResNet-18 pyramid, whose proposals
-    are pooled from four levels by their size."""
+    """The decoding's own pooling (``LevelPooling``) and ``RcnnBoxHead`` in PyTorch, in place
+    of ``roi_heads``' pooling and heads, answer what the model answers whole: on a ResNet-18
+    pyramid, whose proposals are pooled from four levels by their size."""
     from app.engine.model.loading import load_model
     from app.engine.tasks.adapters import detector_parts
     from app.engine.tasks.outputs import detections
@@ -241,8 +241,8 @@ def test_a_box_head_pools_each_proposal_from_its_own_pyramid_level() -> None:
     parts = detector_parts(loaded.module, 256)
     assert parts is not None
     assert parts.box_head is not None
-    assert len(parts.box_head.maps) == 4
     assert isinstance(parts.decode, RcnnDecode)
+    assert len(parts.decode.pooling.maps) == 4
     box_head = parts.box_head
     decode = parts.decode.with_box_head(lambda inputs: box_head(*inputs))
     batch = torch.randn(2, 3, 256, 256, generator=torch.Generator().manual_seed(3))

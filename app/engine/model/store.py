@@ -28,13 +28,13 @@ from app.engine.model.export import (
 )
 from app.engine.model.loading import LoadedModel, loaded_digest
 from app.engine.tasks.adapters import DetectorParts, detector_parts
-from app.engine.tasks.rcnn import BOX_HEAD_INPUTS, BOX_HEAD_OUTPUTS
+from app.engine.tasks.rcnn import BOX_HEAD_INPUTS, BOX_HEAD_OUTPUTS, RcnnDecode
 
 logger = logging.getLogger("batchserve")
 
 QDQ = "-qdq"  # INT8 ONNX artefacts: static quantisation with QuantizeLinear/DequantizeLinear
 NNCF = "-nncf"  # INT8 OpenVINO artefacts: NNCF's post-training quantization of the fp32 IR
-BOX_HEAD = "-box-head"  # a two-stage detector's box head, the second graph of its runtime
+BOX_HEAD = "-box-head-pooled"  # a two-stage detector's box head, its runtime's second graph
 
 
 def input_shape(loaded: LoadedModel) -> tuple[int, int, int]:
@@ -127,24 +127,20 @@ def ensure_box_head(root: Path, loaded: LoadedModel, backend: str) -> Path | Non
 
 
 def _export_box_head(loaded: LoadedModel, parts: DetectorParts, path: Path) -> None:
-    """The box head with a dynamic number of proposals and of images, on the features of two
-    random images and three proposals in each."""
+    """The box head with a dynamic number of proposals, on six proposals' random features."""
     assert parts.box_head is not None
+    decode = parts.decode
+    assert isinstance(decode, RcnnDecode)
     size = loaded.transform.crop_size
     generator = torch.Generator().manual_seed(0)
     with torch.no_grad():  # tensors the exporter can trace (inference tensors it cannot)
-        features = parts.graph(torch.randn((2, 3, size, size), generator=generator))
-    corners = torch.rand((6, 2), generator=generator) * size / 2
-    sides = torch.rand((6, 2), generator=generator) * size / 2 + 1
-    owner = torch.tensor([[0.0], [0.0], [0.0], [1.0], [1.0], [1.0]])
-    rois = torch.cat([owner, corners, corners + sides], dim=1)
-    batch = torch.export.Dim("batch", min=1, max=4096)
+        features = parts.graph(torch.randn((1, 3, size, size), generator=generator))
+    channels = features[0].shape[1]
+    bins = decode.pooling.output_size[0] * decode.pooling.output_size[1]
+    pooled = torch.randn((6, bins, channels), generator=generator)
     count = torch.export.Dim("rois", min=1, max=1 << 20)
-    names = (*BOX_HEAD_INPUTS, *parts.outputs)
-    # The features are one argument to the exporter (``*features``): their axes a tuple.
-    dynamic = ({0: count}, tuple({0: batch} for _ in features))
-    export_graph(copy.deepcopy(parts.box_head), (rois, *(each.contiguous() for each in features)),
-                 path, names, BOX_HEAD_OUTPUTS, dynamic)  # fmt: skip
+    export_graph(copy.deepcopy(parts.box_head), (pooled,), path, BOX_HEAD_INPUTS,
+                 BOX_HEAD_OUTPUTS, ({0: count},))  # fmt: skip
 
 
 def int8_key(loaded: LoadedModel, backend: str) -> ArtifactKey:

@@ -103,7 +103,7 @@ def detector_parts(module: nn.Module, size: int) -> DetectorParts | None:
         assert isinstance(decode, RcnnDecode)
         return DetectorParts(RcnnGraph(module.model), decode,
                              tuple(f"features_{level}" for level in decode.levels),
-                             RcnnBoxHead(module.model, decode))  # fmt: skip
+                             RcnnBoxHead(module.model))  # fmt: skip
     with torch.inference_mode():
         answered = module(torch.zeros((1, 3, size, size), device=_device_of(module)))
     if not (isinstance(answered, tuple) and len(answered) == 3):

@@ -7,12 +7,14 @@ feature map per level, for a runtime. ``RcnnDecode`` is the rest, in PyTorch on 
 returns: the region proposals, the pooling of their features, the box head and its
 suppression, as the model runs them (``benchmarks/studies/rcnn_split/``).
 
-Given the proposals, the RoI pooling, the box head's dense layers and its class and box
-predictors are a second graph of fixed shapes but for the number of proposals,
-``RcnnBoxHead``: most of a small detector's arithmetic. ``RcnnDecode`` runs it on the runtime
-that ran the backbone when it is given one (``with_box_head``): served so, an image of Faster
-R-CNN MobileNetV3 320 took 27-33 ms on ONNX Runtime where PyTorch's part alone took 61-64 on a
-2-core AMD EPYC (``benchmarks/studies/rcnn_split/``). Mask R-CNN is served without its mask
+Given the proposals, the box head's dense layers and its class and box predictors are a
+second graph of fixed shapes but for the number of proposals, ``RcnnBoxHead``: most of a small
+detector's arithmetic. ``RcnnDecode`` runs it on the runtime that ran the backbone when it is
+given one (``with_box_head``), on the proposals' features pooled here by matrix products
+(``roi_pool``: a fifth of the time ONNX Runtime's RoIAlign took). Served so, an image of
+Faster R-CNN MobileNetV3 320 took 27-33 ms on ONNX Runtime where PyTorch's part alone took
+61-64 on a 2-core AMD EPYC (``benchmarks/studies/rcnn_split/``, with the runtime's pooling).
+Mask R-CNN is served without its mask
 branch (``adapters.TorchvisionDetector``): it is a Faster R-CNN here.
 """
 
@@ -28,6 +30,7 @@ from torch import nn
 from torch.nn.functional import pad
 
 from app.engine.tasks.outputs import Detections, detections
+from app.engine.tasks.roi_pool import LevelPooling
 
 
 def two_stage(model: Any) -> bool:
@@ -60,11 +63,11 @@ class RcnnGraph(nn.Module):
         return tuple(features.values())
 
 
-# A box head on a runtime: the proposals ``[R, 5]`` (image index, x1, y1, x2, y2) and the
-# graph's feature maps in, each proposal's class logits and box offsets out.
+# A box head on a runtime: each proposal's pooled features ``[R, bins, C]`` in, its class
+# logits and box offsets out.
 BoxHeadRun = Callable[[Sequence[torch.Tensor]], Sequence[torch.Tensor]]
 
-BOX_HEAD_INPUTS = ("rois",)
+BOX_HEAD_INPUTS = ("pooled",)
 BOX_HEAD_OUTPUTS = ("class_logits", "box_regression")
 
 
@@ -85,6 +88,7 @@ class RcnnDecode:
             # the box head's graph and PyTorch pool with the same ones.
             model.roi_heads.box_roi_pool(features, [blank.new_zeros((1, 4))], [size])
         self.levels = tuple(features.keys())
+        self.pooling = level_pooling(model, self.levels)
         self.box_head: BoxHeadRun | None = None
 
     @property
@@ -114,29 +118,27 @@ class RcnnDecode:
         if self.box_head is None:
             found, _ = self.model.roi_heads(features, proposals, images.image_sizes)
             return detections(found)
-        return self._boxes_of(proposals, outputs, images.image_sizes)
+        return self._boxes_of(proposals, maps, images.image_sizes)
 
     def _boxes_of(
         self,
         proposals: list[torch.Tensor],
-        outputs: Sequence[torch.Tensor],
+        maps: Sequence[torch.Tensor],
         sizes: list[tuple[int, int]],
     ) -> Detections:
-        """What ``roi_heads`` answers, with the box head on the runtime."""
+        """What ``roi_heads`` answers, its pooling here and its box head on the runtime."""
         assert self.box_head is not None
         heads = self.model.roi_heads
-        rois = torch.cat([
-            torch.cat([torch.full_like(boxes[:, :1], index), boxes], dim=1)
-            for index, boxes in enumerate(proposals)
-        ])  # fmt: skip
-        if len(rois) == 0:  # nothing proposed: nothing for the graph, whose axis starts at 1
+        # Nothing proposed: nothing for the graph, whose axis starts at 1.
+        if sum(len(boxes) for boxes in proposals) == 0:
             width = heads.box_predictor.cls_score.out_features
             class_logits, box_regression = (
-                rois.new_zeros((0, width)),
-                rois.new_zeros((0, 4 * width)),
+                maps[0].new_zeros((0, width)),
+                maps[0].new_zeros((0, 4 * width)),
             )
         else:
-            class_logits, box_regression = self.box_head([rois, *outputs])
+            pooled = self.pooling(maps, proposals)
+            class_logits, box_regression = self.box_head([pooled])
         boxes, scores, labels = heads.postprocess_detections(
             class_logits, box_regression, proposals, sizes
         )
@@ -147,48 +149,57 @@ class RcnnDecode:
         return detections(found)
 
 
-class RcnnBoxHead(nn.Module):
-    """A two-stage detector's RoI pooling, box head and predictors as a graph for a runtime:
-    ``(rois [R, 5], *feature maps)`` to ``(class_logits [R, classes], box_regression [R, 4 *
-    classes])``, as ``roi_heads`` computes them. Each proposal is pooled from the level its
-    size maps to, as ``MultiScaleRoIAlign`` pools them: where sizes map to several levels, each
-    proposal is pooled from every level and its own level's kept (fixed shapes, at the cost of
-    pooling once per level); where every size maps to one level (the MobileNetV3 320 pyramid's
-    two maps have one stride), from that one alone."""
+def level_pooling(model: Any, levels: tuple[str, ...]) -> LevelPooling:
+    """The model's ``MultiScaleRoIAlign`` as ``LevelPooling`` over the graph's feature maps
+    (named ``levels``): from the levels it pools, in its order, or from the first alone where
+    every size maps to one level (the MobileNetV3 320 pyramid's two maps have one stride)."""
+    pooler = model.roi_heads.box_roi_pool
+    maps = [levels.index(name) for name in pooler.featmap_names if name in levels]
+    scales = [float(scale) for scale in pooler.scales]
+    mapper = pooler.map_levels
+    if len(maps) > 1 and mapper.k_min == mapper.k_max:
+        maps, scales = maps[:1], scales[:1]
+    return LevelPooling(maps, scales, mapper, tuple(pooler.output_size),
+                        int(pooler.sampling_ratio))  # fmt: skip
 
-    def __init__(self, model: Any, decode: RcnnDecode) -> None:
+
+class RcnnBoxHead(nn.Module):
+    """A two-stage detector's box head and predictors as a graph for a runtime: ``pooled
+    [R, bins, C]`` (``LevelPooling``'s, bins before channels) to ``(class_logits [R,
+    classes], box_regression [R, 4 * classes])``, as ``roi_heads`` computes them from its
+    pooling. torchvision's two dense layers (``TwoMLPHead``) take the pooled features as they
+    are, the first layer's columns put in their order; another head gets them channels
+    first."""
+
+    def __init__(self, model: Any) -> None:
+        from torchvision.models.detection.faster_rcnn import TwoMLPHead
+
         super().__init__()
         heads = model.roi_heads
-        pooler = heads.box_roi_pool
-        self.head = heads.box_head
         self.predictor = heads.box_predictor
-        # The levels it pools from: those of its names the backbone makes, in its order.
-        self.maps = [decode.levels.index(name) for name in pooler.featmap_names
-                     if name in decode.levels]  # fmt: skip
-        self.scales = [float(scale) for scale in pooler.scales]
-        self.mapper = pooler.map_levels
-        self.output_size = tuple(pooler.output_size)
-        self.sampling_ratio = int(pooler.sampling_ratio)
-        if len(self.maps) > 1 and self.mapper.k_min == self.mapper.k_max:
-            self.maps, self.scales = self.maps[:1], self.scales[:1]
+        self.output_size = tuple(heads.box_roi_pool.output_size)
+        bins = self.output_size[0] * self.output_size[1]
+        # The head after the first layer, which is reordered: the rest of ``TwoMLPHead``, or
+        # another head whole (and no first layer of ours).
+        self.first: nn.Linear | None = None
+        self.rest: nn.Module = heads.box_head
+        if isinstance(heads.box_head, TwoMLPHead):
+            fc6 = heads.box_head.fc6
+            channels = fc6.in_features // bins
+            self.first = nn.Linear(
+                fc6.in_features, fc6.out_features, device=fc6.weight.device, dtype=fc6.weight.dtype
+            )
+            with torch.no_grad():
+                columns = fc6.weight.reshape(-1, channels, bins).transpose(1, 2)
+                self.first.weight.copy_(columns.reshape(fc6.out_features, -1))
+                self.first.bias.copy_(fc6.bias)
+            self.rest = heads.box_head.fc7
 
-    def forward(self, rois: torch.Tensor, *features: torch.Tensor) -> tuple[torch.Tensor, ...]:
-        maps = [features[index] for index in self.maps]
-        if len(maps) == 1:
-            pooled = self._pool(maps[0], rois, self.scales[0])
+    def forward(self, pooled: torch.Tensor) -> tuple[torch.Tensor, ...]:
+        if self.first is not None:
+            features = torch.relu(self.rest(torch.relu(self.first(pooled.flatten(1)))))
         else:
-            level = self.mapper([rois[:, 1:]])
-            pooled = rois.new_zeros((rois.shape[0], maps[0].shape[1], *self.output_size))
-            for index, (each, scale) in enumerate(zip(maps, self.scales, strict=True)):
-                chosen = level == index
-                pooled = torch.where(chosen[:, None, None, None], self._pool(each, rois, scale),
-                                     pooled)  # fmt: skip
-        class_logits, box_regression = self.predictor(self.head(pooled))
+            channels_first = pooled.transpose(1, 2).reshape(len(pooled), -1, *self.output_size)
+            features = self.rest(channels_first)
+        class_logits, box_regression = self.predictor(features)
         return class_logits, box_regression
-
-    def _pool(self, features: torch.Tensor, rois: torch.Tensor, scale: float) -> torch.Tensor:
-        from torchvision.ops import roi_align  # torchvision only where a detector is served
-
-        pooled: torch.Tensor = roi_align(features, rois, self.output_size, scale,
-                                         self.sampling_ratio, False)  # fmt: skip
-        return pooled
