@@ -39,6 +39,9 @@ def _no_env_file(monkeypatch: pytest.MonkeyPatch, tmp_path_factory: pytest.TempP
     for name in list(os.environ):
         if name.startswith("BATCHSERVE_"):
             monkeypatch.delenv(name)
+    # SHARDS=auto measures a model whole and in parts at every fresh start (1.6 s of each
+    # uvicorn process's start here): only where a test asks for it, as ``make_settings`` does.
+    monkeypatch.setenv("BATCHSERVE_SHARDS", "1")
     monkeypatch.chdir(tmp_path_factory.mktemp("cwd"))
 
 

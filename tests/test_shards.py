@@ -251,6 +251,7 @@ def test_how_many_parts_shards_asks_for_and_what_it_refuses() -> None:
 
 
 def test_shards_is_auto_or_a_count(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.delenv("BATCHSERVE_SHARDS")  # which the tests set to 1 unless they ask
     assert load_settings().shards == "auto"
     monkeypatch.setenv("BATCHSERVE_SHARDS", "3")
     assert load_settings().shards == 3
