@@ -211,10 +211,10 @@ def markdown(data: dict[str, Any]) -> str:
     return f"""# batchserve beside LitServe and Ray Serve: {data["model"]}
 
 `python -m benchmarks.peer_servers --model {data["model"]} --batch-size {data["batch_size"]} \\
---clients {data["clients"]} --rounds {data["rounds"]}{chosen}`. Medians of {data["rounds"]} interleaved
-rounds, a fresh process for every server in every round, {data["duration_s"]} s per load after
-a warm-up whose queued requests were answered first; wrk on the same machine posting the same
-images as multipart field `file`.
+--clients {data["clients"]} --rounds {data["rounds"]}{chosen}`. Medians of {data["rounds"]}
+interleaved rounds, a fresh process for every server in every round, {data["duration_s"]} s per
+load after a warm-up whose queued requests were answered first; wrk on the same machine posting
+the same images as multipart field `file`.
 batchserve: {configs} (`BACKEND=auto` unless a configuration names a
 backend; INT8 built from random weights and served ungated, for throughput only). Peers
 ({peers}) written as their documentation shows (`benchmarks/peer_apps`): eager torchvision
