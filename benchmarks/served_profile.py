@@ -4,10 +4,11 @@ One server (settings from ``--set``), driven by wrk at ``--clients``. While it r
 
 1. **Per thread**, from ``/proc/<pid>/task/*/stat``: the CPU each thread used during the
    measured seconds, grouped by role. Python threads are named by ``py-spy dump`` (the event
-   loop is ``MainThread``, then ``decode_*``, ``parse_*``, ``run-batch_*``); every other thread
-   is the runtime's own (the intra-op pool of OpenMP, ONNX Runtime or OpenVINO). wrk, the
-   load generator, runs on the same machine: its CPU is counted too. What neither used of
-   the machine's CPUs is ``idle``.
+   loop is ``MainThread``, then ``decode_*``, ``parse_*``, ``run-batch_*``, and ``shard_*``
+   for the parts of a batch beside its own thread); every other thread is the runtime's own
+   (the intra-op pool of OpenMP, ONNX Runtime or OpenVINO). wrk, the load generator, runs on
+   the same machine: its CPU is counted too. What neither used of the machine's CPUs is
+   ``idle``.
 2. **The event loop's Python**, from ``py-spy record`` in a second load of the same server:
    each sample of ``MainThread`` counted against the package of its innermost frame (uvicorn,
    starlette, fastapi, the instrumentator, batchserve's middleware, routes, serving core,
@@ -68,7 +69,8 @@ def role(name: str | None) -> str:
     if name is None:
         return "runtime threads (intra-op pool)"
     for prefix, label in (("MainThread", "event loop"), ("decode", "decode threads"),
-                          ("parse", "parse threads"), ("run-batch", "batch threads")):  # fmt: skip
+                          ("parse", "parse threads"), ("run-batch", "batch threads"),
+                          ("shard", "batch parts' threads")):  # fmt: skip
         if name.startswith(prefix):
             return label
     return "other Python threads"

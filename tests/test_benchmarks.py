@@ -213,6 +213,7 @@ def test_the_served_profile_counts_each_threads_cpu_and_names_its_role() -> None
     assert served_profile.role("MainThread") == "event loop"
     assert served_profile.role("decode_1") == "decode threads"
     assert served_profile.role("run-batch_0") == "batch threads"
+    assert served_profile.role("shard_0") == "batch parts' threads"
     assert served_profile.role(None) == "runtime threads (intra-op pool)"
     assert served_profile.package("guarded (app/http/calls.py:40)") == (
         "batchserve middleware and HTTP helpers"
