@@ -14,8 +14,8 @@ given one (``with_box_head``), on the proposals' features pooled here by matrix 
 (``roi_pool``: a fifth of the time ONNX Runtime's RoIAlign took). Served so, an image of
 Faster R-CNN MobileNetV3 320 took 27-33 ms on ONNX Runtime where PyTorch's part alone took
 61-64 on a 2-core AMD EPYC (``benchmarks/studies/rcnn_split/``, with the runtime's pooling).
-Mask R-CNN is served without its mask
-branch (``adapters.TorchvisionDetector``): it is a Faster R-CNN here.
+Mask R-CNN is served without its mask branch (``adapters.TorchvisionDetector``): it is a
+Faster R-CNN here.
 """
 
 from __future__ import annotations
