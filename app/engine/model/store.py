@@ -117,7 +117,7 @@ def ensure_box_head(root: Path, loaded: LoadedModel, backend: str) -> Path | Non
     if parts.box_head is None:
         return None
     path = _made(root, artifact_key(loaded, "fp32", onnx_exporter() + BOX_HEAD), ONNX_FILE,
-                 lambda out: _export_box_head(loaded, parts, out),
+                 lambda out: _export_box_head(parts, out),
                  f"exported the box head of {loaded.name} to ONNX")  # fmt: skip
     if backend != "openvino":
         return path
@@ -126,18 +126,13 @@ def ensure_box_head(root: Path, loaded: LoadedModel, backend: str) -> Path | Non
                  f"converted the box head of {loaded.name} to OpenVINO IR")  # fmt: skip
 
 
-def _export_box_head(loaded: LoadedModel, parts: DetectorParts, path: Path) -> None:
+def _export_box_head(parts: DetectorParts, path: Path) -> None:
     """The box head with a dynamic number of proposals, on six proposals' random features."""
     assert parts.box_head is not None
     decode = parts.decode
     assert isinstance(decode, RcnnDecode)
-    size = loaded.transform.crop_size
     generator = torch.Generator().manual_seed(0)
-    with torch.no_grad():  # tensors the exporter can trace (inference tensors it cannot)
-        features = parts.graph(torch.randn((1, 3, size, size), generator=generator))
-    channels = features[0].shape[1]
-    bins = decode.pooling.output_size[0] * decode.pooling.output_size[1]
-    pooled = torch.randn((6, bins, channels), generator=generator)
+    pooled = torch.randn((6, *decode.pooled_shape), generator=generator)
     count = torch.export.Dim("rois", min=1, max=1 << 20)
     export_graph(copy.deepcopy(parts.box_head), (pooled,), path, BOX_HEAD_INPUTS,
                  BOX_HEAD_OUTPUTS, ({0: count},))  # fmt: skip

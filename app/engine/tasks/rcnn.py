@@ -89,6 +89,10 @@ class RcnnDecode:
             model.roi_heads.box_roi_pool(features, [blank.new_zeros((1, 4))], [size])
         self.levels = tuple(features.keys())
         self.pooling = level_pooling(model, self.levels)
+        # What the box head takes of each proposal: [bins, channels of the maps it pools].
+        first_map = features[self.levels[self.pooling.maps[0]]]
+        bins = self.pooling.output_size[0] * self.pooling.output_size[1]
+        self.pooled_shape = (bins, int(first_map.shape[1]))
         self.box_head: BoxHeadRun | None = None
 
     @property
