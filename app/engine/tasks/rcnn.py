@@ -27,7 +27,7 @@ from typing import Any
 
 import torch
 from torch import nn
-from torch.nn.functional import pad
+from torch.nn.functional import linear, pad
 
 from app.engine.tasks.outputs import Detections, detections
 from app.engine.tasks.roi_pool import LevelPooling
@@ -183,25 +183,22 @@ class RcnnBoxHead(nn.Module):
         self.predictor = heads.box_predictor
         self.output_size = tuple(heads.box_roi_pool.output_size)
         bins = self.output_size[0] * self.output_size[1]
-        # The head after the first layer, which is reordered: the rest of ``TwoMLPHead``, or
-        # another head whole (and no first layer of ours).
-        self.first: nn.Linear | None = None
+        # ``TwoMLPHead``'s first layer with its columns in the pooled features' order (its
+        # bias as it is), then the rest of the head; or another head whole.
+        self.first: nn.Parameter | None = None
+        self.first_bias: torch.Tensor | None = None
         self.rest: nn.Module = heads.box_head
         if isinstance(heads.box_head, TwoMLPHead):
             fc6 = heads.box_head.fc6
-            channels = fc6.in_features // bins
-            self.first = nn.Linear(
-                fc6.in_features, fc6.out_features, device=fc6.weight.device, dtype=fc6.weight.dtype
-            )
-            with torch.no_grad():
-                columns = fc6.weight.reshape(-1, channels, bins).transpose(1, 2)
-                self.first.weight.copy_(columns.reshape(fc6.out_features, -1))
-                self.first.bias.copy_(fc6.bias)
+            columns = fc6.weight.detach().reshape(fc6.out_features, -1, bins).transpose(1, 2)
+            self.first = nn.Parameter(columns.reshape(fc6.out_features, -1), requires_grad=False)
+            self.first_bias = fc6.bias
             self.rest = heads.box_head.fc7
 
     def forward(self, pooled: torch.Tensor) -> tuple[torch.Tensor, ...]:
         if self.first is not None:
-            features = torch.relu(self.rest(torch.relu(self.first(pooled.flatten(1)))))
+            hidden = torch.relu(linear(pooled.flatten(1), self.first, self.first_bias))
+            features = torch.relu(self.rest(hidden))
         else:
             channels_first = pooled.transpose(1, 2).reshape(len(pooled), -1, *self.output_size)
             features = self.rest(channels_first)
