@@ -203,6 +203,13 @@ def markdown(data: dict[str, Any]) -> str:
         for name, m in data["medians"].items()
     ]  # fmt: skip
     peers = ", ".join(" ".join(spec) for spec in data["peers"].values())
+    peer_text = (
+        f"Peers ({peers}) written as their documentation shows (`benchmarks/peer_apps`): eager "
+        "torchvision model, torchvision transforms, dynamic batching with the same batch size "
+        "and a 10 ms window."
+        if peers
+        else "No peer ran."
+    )
     chosen = "" if set(data["peers"]) == set(PEERS) else f" --peers {' '.join(data['peers'])}"
     configs = ", ".join(
         f"{name} ({settings or 'defaults'})"
@@ -216,9 +223,7 @@ interleaved rounds, a fresh process for every server in every round, {data["dura
 load after a warm-up whose queued requests were answered first; wrk on the same machine posting
 the same images as multipart field `file`.
 batchserve: {configs} (`BACKEND=auto` unless a configuration names a
-backend; INT8 built from random weights and served ungated, for throughput only). Peers
-({peers}) written as their documentation shows (`benchmarks/peer_apps`): eager torchvision
-model, torchvision transforms, dynamic batching with the same batch size and a 10 ms window.
+backend; INT8 built from random weights and served ungated, for throughput only). {peer_text}
 {"".join(f"{chr(10)}- {name} served: {how}" for name, how in data.get("served", {}).items())}
 
 {
@@ -270,6 +275,9 @@ def main() -> None:
     parser.add_argument("--peers", nargs="*", default=list(PEERS), choices=list(PEERS))
     parser.add_argument("--name", help="results/<name>.md (default: peers-<model>)")
     args = parser.parse_args()
+    if not wrk.available():
+        # Said before any server starts: every round loads its servers with wrk.
+        parser.error("wrk is needed for the load (Debian/Ubuntu: apt-get install wrk)")
     if args.configs is None:
         classify = resolve_task("auto", args.model) == "classify"
         args.configs = BATCHSERVE if classify else BATCHSERVE_TASKS
