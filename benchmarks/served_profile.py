@@ -242,6 +242,8 @@ def markdown(data: dict[str, Any]) -> str:
     threads, loop, limits = data["per_thread"], data["event_loop"], data["limits"]
     served = threads["throughput"]
     settings = ", ".join(f"{k}={v}" for k, v in data["settings"].items()) or "defaults"
+    pairs = " ".join(f"{k}={v}" for k, v in data["settings"].items())
+    chosen = f" --set {pairs}" if pairs else ""
     core_rows = [
         [name, threads["threads"].get(name, ""), cores, cores / served * 1000 if served else 0]
         for name, cores in sorted(threads["cores"].items(), key=lambda item: -item[1])
@@ -249,8 +251,9 @@ def markdown(data: dict[str, Any]) -> str:
     loop_rows = [[name, ms] for name, ms in loop["ms_per_request"].items()]
     return f"""# Where the CPU goes while serving: {data["model"]} ({settings}, {data["precision"]})
 
-`python -m benchmarks.served_profile --model {data["model"]}`; wrk at {data["clients"]} clients
-posting the same 64 photo-like JPEGs, {data["seconds"]} s measured; batch {data["batch_size"]}.
+`python -m benchmarks.served_profile --model {data["model"]}{chosen}`; wrk at
+{data["clients"]} clients posting the same 64 photo-like JPEGs, {data["seconds"]} s measured;
+batch {data["batch_size"]}.
 
 | measure | images/s |
 |---|---|
