@@ -218,6 +218,7 @@ def main() -> None:
     parser.add_argument("--ungated-int8", action=argparse.BooleanOptionalAction, default=True)
     parser.add_argument("--name", help="results/<name>.* (default: backends-<model>)")
     args = parser.parse_args()
+    wrk.require()
     data = run(args)
     publish(args.name or f"backends-{args.model}", data, markdown(data))
 

@@ -275,9 +275,7 @@ def main() -> None:
     parser.add_argument("--peers", nargs="*", default=list(PEERS), choices=list(PEERS))
     parser.add_argument("--name", help="results/<name>.md (default: peers-<model>)")
     args = parser.parse_args()
-    if not wrk.available():
-        # Said before any server starts: every round loads its servers with wrk.
-        parser.error("wrk is needed for the load (Debian/Ubuntu: apt-get install wrk)")
+    wrk.require()
     if args.configs is None:
         classify = resolve_task("auto", args.model) == "classify"
         args.configs = BATCHSERVE if classify else BATCHSERVE_TASKS

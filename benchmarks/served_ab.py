@@ -132,6 +132,7 @@ def main() -> None:
     parser.add_argument("--pairs", type=int, default=10)
     parser.add_argument("--name", default="served-ab")
     args = parser.parse_args()
+    wrk.require()
     pairs = measure(args)
     data = {"machine": machine(), "model": args.model, "precision": args.precision,
             "batch_size": args.batch_size, "clients": args.clients, "set": args.set,

@@ -299,6 +299,7 @@ def main() -> None:
     parser.add_argument("--set", nargs="*", default=[], help="settings, e.g. backend=openvino")
     parser.add_argument("--name", help="results/<name>.* (default: served-profile-<model>-...)")
     args = parser.parse_args()
+    wrk.require()
     data = run(args)
     text = markdown(data)
     print(text)

@@ -237,6 +237,7 @@ def main() -> None:
     parser.add_argument("--rounds", type=int, default=2)
     parser.add_argument("--name", default="served-vs-limit")
     args = parser.parse_args()
+    wrk.require()
     data = run(args)
     publish(args.name, data, markdown(data))
 

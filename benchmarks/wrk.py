@@ -69,6 +69,12 @@ def available() -> bool:
     return shutil.which("wrk") is not None
 
 
+def require() -> None:
+    """Stops a benchmark that loads its servers with wrk before it starts any of them."""
+    if not available():
+        raise SystemExit("wrk is needed for the load (Debian/Ubuntu: apt-get install wrk)")
+
+
 @contextlib.contextmanager
 def command_for(url: str, images: list[bytes], concurrency: int, timeout_s: float = 60.0,
                 target: str = "/predict", multipart: bool = False,
