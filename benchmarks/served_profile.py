@@ -241,9 +241,9 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
 def markdown(data: dict[str, Any]) -> str:
     threads, loop, limits = data["per_thread"], data["event_loop"], data["limits"]
     served = threads["throughput"]
-    settings = ", ".join(f"{k}={v}" for k, v in data["settings"].items()) or "defaults"
-    pairs = " ".join(f"{k}={v}" for k, v in data["settings"].items())
-    chosen = f" --set {pairs}" if pairs else ""
+    pairs = [f"{k}={v}" for k, v in data["settings"].items()]
+    settings = ", ".join(pairs) or "defaults"
+    chosen = f" --set {' '.join(pairs)}" if pairs else ""
     core_rows = [
         [name, threads["threads"].get(name, ""), cores, cores / served * 1000 if served else 0]
         for name, cores in sorted(threads["cores"].items(), key=lambda item: -item[1])
