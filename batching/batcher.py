@@ -8,7 +8,7 @@ import itertools
 import logging
 import math
 from collections import deque
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Hashable, Sequence
 from typing import Generic, TypeVar, cast
 
 from batching.clock import Cancellable, Clock, LoopClock
@@ -30,7 +30,7 @@ _NEVER = math.inf
 
 
 class _Request(Generic[T, R]):
-    __slots__ = ("arrival", "cost", "deadline", "future", "item", "priority", "queued")
+    __slots__ = ("arrival", "cost", "deadline", "future", "item", "key", "priority", "queued")
 
     def __init__(
         self,
@@ -40,6 +40,7 @@ class _Request(Generic[T, R]):
         deadline: float | None,
         cost: int,
         priority: int,
+        key: Hashable,
     ) -> None:
         self.item: T | None = item  # let go once answered: the request may outlive its answer
         self.future = future
@@ -47,6 +48,7 @@ class _Request(Generic[T, R]):
         self.deadline = deadline
         self.cost = cost
         self.priority = priority
+        self.key = key
         self.queued = True
 
 
@@ -107,6 +109,11 @@ class DynamicBatcher(Generic[T, R]):
 
     ``on_failure`` is called once if the batching loop itself dies (a bug): from then on the
     batcher refuses work, and whoever owns the process should let it be restarted.
+
+    A request may carry a ``key``: a batch holds requests of one key only (images of one
+    input shape, say). The batch that forms is the oldest request's key's, unless another key
+    already has a full batch waiting; the window, the preferred sizes and the wake-ups count
+    the requests of that key.
     """
 
     def __init__(
@@ -131,6 +138,7 @@ class DynamicBatcher(Generic[T, R]):
         ]
         self._waiting = 0  # live requests in the queue (cancelled ones are removed lazily)
         self._waiting_cost = 0
+        self._waiting_by_key: dict[Hashable, int] = {}
         self._inflight = 0
         # Each running execution and its batch, so that none is left unanswered on shutdown.
         self._executions: dict[asyncio.Task[None], list[_Request[T, R]]] = {}
@@ -237,23 +245,35 @@ class DynamicBatcher(Generic[T, R]):
     # -- submitting ----------------------------------------------------------------------
 
     async def submit(
-        self, item: T, deadline: float | None = None, *, cost: int = 0, priority: int | None = None
+        self,
+        item: T,
+        deadline: float | None = None,
+        *,
+        cost: int = 0,
+        priority: int | None = None,
+        key: Hashable = None,
     ) -> R:
         """Queue ``item`` and wait for its result.
 
         ``deadline`` is absolute, on ``now()``'s clock. ``cost`` is what the request holds while
         it waits (bytes, say), summed in ``queued_cost`` until it is dispatched or dropped.
         ``priority`` is its level (0 first; ``config.default_priority`` when None); a level out
-        of range raises ``ValueError``.
+        of range raises ``ValueError``. ``key``: the batches it may join hold its key alone.
         Raises ``QueueFullError`` at once when the queue is full, ``DeadlineExceededError`` when
         the deadline passes first, ``BatcherClosedError`` when draining or closed, or what
         ``run_batch`` gave this item. Cancelling the caller removes a queued request before
         dispatch.
         """
-        return await self.enqueue(item, deadline, cost=cost, priority=priority)
+        return await self.enqueue(item, deadline, cost=cost, priority=priority, key=key)
 
     def enqueue(
-        self, item: T, deadline: float | None = None, *, cost: int = 0, priority: int | None = None
+        self,
+        item: T,
+        deadline: float | None = None,
+        *,
+        cost: int = 0,
+        priority: int | None = None,
+        key: Hashable = None,
     ) -> asyncio.Future[R]:
         """``submit`` without waiting: the request is in the queue when this returns (or it
         raised at once), and the future gives its outcome. Cancelling the future removes the
@@ -275,14 +295,15 @@ class DynamicBatcher(Generic[T, R]):
             raise DeadlineExceededError(dispatched=False)
 
         future: asyncio.Future[R] = asyncio.get_running_loop().create_future()
-        request = _Request(item, future, now, deadline, cost, level)
+        request = _Request(item, future, now, deadline, cost, level, key)
         future.add_done_callback(lambda _: self._withdraw(request))
         if deadline is not None:
             self._watch_deadline(request, deadline)
         self._queues[level].append(request)
         self._waiting += 1
         self._waiting_cost += cost
-        if self._waiting >= self._wake_count:
+        same = self._waiting_by_key[key] = self._waiting_by_key.get(key, 0) + 1
+        if same >= self._wake_count:
             self._wake.set()
         return future
 
@@ -339,6 +360,11 @@ class DynamicBatcher(Generic[T, R]):
         request.queued = False
         self._waiting -= 1
         self._waiting_cost -= request.cost
+        left = self._waiting_by_key[request.key] - 1
+        if left:
+            self._waiting_by_key[request.key] = left
+        else:
+            del self._waiting_by_key[request.key]
 
     def _watch_deadline(self, request: _Request[T, R], deadline: float) -> None:
         heap = self._deadlines
@@ -412,10 +438,11 @@ class DynamicBatcher(Generic[T, R]):
                 await self._sleep(None, wake_count=_NEVER)  # a finishing batch wakes us
                 continue
             now = self._clock.now()
+            key = self._batch_key(head.key)
             decision = decide(
                 config,
                 now=now,
-                waiting=self._waiting,
+                waiting=self._waiting_by_key[key],
                 oldest_arrival=head.arrival,
                 inflight=self._inflight,
                 closing=self._closing,
@@ -426,7 +453,7 @@ class DynamicBatcher(Generic[T, R]):
                 continue
             batch: list[_Request[T, R]] = []
             try:
-                self._take(batch, decision.size, now)
+                self._take(batch, decision.size, now, key)
                 if batch:
                     self._launch(batch, now)
             except BaseException:
@@ -447,6 +474,14 @@ class DynamicBatcher(Generic[T, R]):
                 oldest = queue[0]
         return oldest
 
+    def _batch_key(self, oldest: Hashable) -> Hashable:
+        """The key of the batch to form: the oldest request's, unless another key has a full
+        batch waiting."""
+        cap = self.config.max_batch_size
+        if self._waiting_by_key[oldest] >= cap or len(self._waiting_by_key) == 1:
+            return oldest
+        return next((key for key, count in self._waiting_by_key.items() if count >= cap), oldest)
+
     async def _sleep(self, wake_at: float | None, wake_count: float) -> None:
         self._wake.clear()
         self._wake_count = wake_count
@@ -458,8 +493,9 @@ class DynamicBatcher(Generic[T, R]):
             if timer is not None:
                 timer.cancel()
 
-    def _take(self, batch: list[_Request[T, R]], size: int, now: float) -> None:
-        """Move up to ``size`` live requests into ``batch``, level 0 first, FIFO within one.
+    def _take(self, batch: list[_Request[T, R]], size: int, now: float, key: Hashable) -> None:
+        """Move up to ``size`` live requests of ``key`` into ``batch``, level 0 first, FIFO
+        within one; requests of other keys keep their places.
 
         A request whose deadline comes before the batch could finish (by the learned batch
         time) is answered ``DeadlineExceededError`` now instead: computing it would only waste
@@ -467,6 +503,7 @@ class DynamicBatcher(Generic[T, R]):
         could still make it."""
         finish = now + (self.timings.estimate(size) or 0.0)
         for queue in self._queues:
+            passed: list[_Request[T, R]] = []
             while queue and len(batch) < size:
                 request = queue.popleft()
                 if not request.queued:
@@ -474,11 +511,15 @@ class DynamicBatcher(Generic[T, R]):
                 if request.future.done():  # cancelled, its callback still to come
                     self._withdraw(request)
                     continue
+                if request.key != key:
+                    passed.append(request)
+                    continue
                 if request.deadline is not None and request.deadline <= finish:
                     self._expire(request)  # too late already, or by the time it would finish
                     continue
                 batch.append(request)
                 self._dequeue(request)
+            queue.extendleft(reversed(passed))
 
     def _launch(self, batch: list[_Request[T, R]], now: float) -> None:
         task = asyncio.get_running_loop().create_task(self._execute(batch))

@@ -17,6 +17,7 @@ from preprocessing.formats import (
     read_header,
     sniff,
 )
+from preprocessing.placement import Fit, Placement
 from preprocessing.prepare import (
     PreparedImage,
     oriented_size,
@@ -24,30 +25,23 @@ from preprocessing.prepare import (
     prepare_normalized,
     prepare_pixels,
 )
-from preprocessing.transforms import (
-    TransformConfig,
-    fit,
-    letterbox,
-    letterbox_size,
-    normalize_into,
-    resize_crop,
-)
+from preprocessing.transforms import TransformConfig, fit, normalize_into, resize_crop
 
 __all__ = [
     "Buffer",
+    "Fit",
     "ImageFormat",
     "ImageHeader",
     "ImageLimits",
     "ImageTooLargeError",
     "InvalidImageError",
+    "Placement",
     "PreparedImage",
     "PreprocessingError",
     "TransformConfig",
     "UnsupportedFormatError",
     "decode_cpu",
     "fit",
-    "letterbox",
-    "letterbox_size",
     "normalize_into",
     "oriented_size",
     "prepare",

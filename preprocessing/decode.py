@@ -7,7 +7,7 @@ import math
 import numpy as np
 import simplejpeg
 import torch
-from PIL import Image, ImageOps
+from PIL import Image
 
 from preprocessing.errors import InvalidImageError, UnsupportedFormatError
 from preprocessing.formats import Buffer, ImageFormat, ImageHeader, open_image
@@ -23,7 +23,8 @@ def as_byte_tensor(data: Buffer) -> torch.Tensor:
 
 
 def decode_cpu(data: Buffer, header: ImageHeader, short_side: int | None = None) -> torch.Tensor:
-    """Decode to ``uint8[3, H, W]`` RGB with the EXIF orientation applied.
+    """Decode to ``uint8[3, H, W]`` RGB with the header's EXIF orientation applied (the one
+    the image's placement was worked out from).
 
     JPEG goes through libjpeg-turbo (simplejpeg), the other formats (and the JPEGs libjpeg-turbo
     cannot convert to RGB, such as CMYK) through Pillow. A JPEG at least four times
@@ -45,7 +46,7 @@ def decode_cpu(data: Buffer, header: ImageHeader, short_side: int | None = None)
             upright = torch.from_numpy(pixels).permute(2, 0, 1)
             return apply_orientation(upright, header.orientation)
     pixels = np.array(_decode_with_pillow(data, header.format))
-    return torch.from_numpy(pixels).permute(2, 0, 1)
+    return apply_orientation(torch.from_numpy(pixels).permute(2, 0, 1), header.orientation)
 
 
 def dct_factor(header: ImageHeader, short_side: int | None) -> int:
@@ -84,7 +85,6 @@ def _decode_with_pillow(data: Buffer, fmt: ImageFormat) -> Image.Image:
     image = open_image(data, fmt)
     try:
         image.load()
-        image = ImageOps.exif_transpose(image) or image
         return to_rgb(image)
     except UnsupportedFormatError:
         raise

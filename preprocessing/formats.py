@@ -4,15 +4,17 @@ from __future__ import annotations
 
 import enum
 import io
+import warnings
 from dataclasses import dataclass
 
-from PIL import ExifTags, Image
+from PIL import ExifTags, Image, PngImagePlugin
 
 from preprocessing.errors import ImageTooLargeError, InvalidImageError, UnsupportedFormatError
 
-# Our own limit is checked from the header before anything is decoded (see ``read_header``);
-# Pillow's global bomb check would only warn, or raise a different error, at its own threshold.
-Image.MAX_IMAGE_PIXELS = None
+# Our own limit is checked from the header before anything is decoded (see ``read_header``).
+# Pillow's bomb check stays in place behind it, as a bound that holds whatever the settings
+# say: it refuses to open an image of more than twice ``Image.MAX_IMAGE_PIXELS`` (about 179
+# million pixels); its warning below that is ours to give, as a 413.
 
 Buffer = bytes | bytearray | memoryview
 
@@ -121,22 +123,31 @@ class ImageLimits:
 def open_image(data: Buffer, fmt: ImageFormat) -> Image.Image:
     """Open lazily with Pillow: the header is parsed, the pixels are not decoded yet."""
     try:
-        return Image.open(io.BytesIO(data), formats=[_PIL_FORMAT[fmt]])
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore", Image.DecompressionBombWarning)
+            return Image.open(io.BytesIO(data), formats=[_PIL_FORMAT[fmt]])
+    except Image.DecompressionBombError as exc:
+        raise ImageTooLargeError(f"the {fmt.name} image declares too many pixels") from exc
     except Exception as exc:  # UnidentifiedImageError, OSError, struct.error, ...
         raise InvalidImageError(f"the {fmt.name} header is corrupt") from exc
 
 
 def read_header(data: Buffer, limits: ImageLimits | None = None) -> ImageHeader:
-    """Sniff the format and read the size (and EXIF orientation) without decoding pixels."""
+    """Sniff the format, read the size and check it against ``limits``, then read the EXIF
+    orientation: nothing is decoded before the limits are checked, nor by reading the
+    orientation."""
     fmt = sniff(data)
     image = open_image(data, fmt)
-    header = ImageHeader(fmt, image.width, image.height, exif_orientation(image))
-    (limits or ImageLimits()).check(header.width, header.height)
-    return header
+    (limits or ImageLimits()).check(image.width, image.height)
+    return ImageHeader(fmt, image.width, image.height, exif_orientation(image))
 
 
 def exif_orientation(image: Image.Image) -> int:
-    """The EXIF orientation (1..8) of a lazily opened image; 1 when absent or invalid."""
+    """The EXIF orientation (1..8) of a lazily opened image; 1 when absent or invalid. A PNG's
+    is read only from an eXIf chunk before its pixels (Pillow would decode the whole image to
+    look for one after them), and decoding applies this orientation, not another it finds."""
+    if isinstance(image, PngImagePlugin.PngImageFile) and "exif" not in image.info:
+        return 1
     try:
         value = image.getexif().get(_ORIENTATION_TAG, 1)
     except Exception:  # a corrupt EXIF block must not fail an otherwise fine image

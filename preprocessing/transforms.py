@@ -1,30 +1,33 @@
-"""Resize, crop and normalize: a model's evaluation transform, on torch alone.
+"""Resize, crop and normalize: a model's own input transform, on torch alone.
 
-A classifier sees the centre crop (``resize_crop``); a detector or a segmenter must see the
-whole image, so it is letterboxed instead (``letterbox``): resized to fit the square input
-with its aspect ratio kept, placed at the top left, the rest filled with the mean colour
-(zero once normalised), so that images of any size and aspect ratio share one batch.
+What a model sees is its library's: the rule that fits an image to its input (``Fit``, worked
+out per image as a ``Placement``), the interpolation and whether it antialiases, whether it
+resizes the uint8 image or the float one, and the statistics it normalises with. A
+classifier sees the centre crop (``resize_crop``); a model that sees the whole image gets its
+pixels resized to its placement's content size (``fit``), placed in its canvas when the batch
+is made (``normalize_into``), the rest of the canvas the model's padding (zero once
+normalised, as torchvision pads).
 
-The same arithmetic as torchvision's ``Resize(resize_size, antialias=True)``,
-``CenterCrop(crop_size)``, ``ToDtype(float32, scale=True)`` and ``Normalize(mean, std)`` on
-tensors (the tests hold them to it), done with torch's own ``interpolate`` rather than through
-torchvision: importing torchvision imports every model and operator it ships, and with them
-``torch._dynamo``: more than a second of every cold start for nothing that serves
-(``benchmarks/results/coldstart-before-cards.md`` against ``coldstart.md``). Resizing a uint8
-image with antialiased bilinear interpolation stays in uint8 on a CPU with AVX2 (torch's fast
-path), as torchvision does.
+The same arithmetic as torchvision's ``Resize``, ``CenterCrop``, ``ToDtype(float32,
+scale=True)`` and ``Normalize`` on tensors, and as its detection transform's ``interpolate``
+(bilinear, no antialiasing, on the float image), done with torch's own ``interpolate`` rather
+than through torchvision: importing torchvision imports every model and operator it ships,
+and with them ``torch._dynamo``: more than a second of every cold start for nothing that
+serves (``benchmarks/results/coldstart-before-cards.md`` against ``coldstart.md``).
 """
 
 from __future__ import annotations
 
 import enum
 import functools
-import platform
 from collections.abc import Sequence
 from dataclasses import dataclass
+from typing import Any
 
 import torch
 from torch.nn.functional import interpolate
+
+from preprocessing.placement import Fit, Placement, place, resized_size
 
 IMAGENET_MEAN = (0.485, 0.456, 0.406)
 IMAGENET_STD = (0.229, 0.224, 0.225)
@@ -41,43 +44,65 @@ class Interpolation(enum.StrEnum):
 
 @dataclass(frozen=True)
 class TransformConfig:
-    """The evaluation transform of a classification model (as ``weights.transforms()``)."""
+    """A model's input transform: how an image is fitted (``fit``, with ``crop_size``,
+    ``resize_size``, ``max_size`` and ``size_divisible`` as each rule reads them, see
+    ``preprocessing.placement``), how it is resampled (``interpolation``, ``antialias``, and
+    ``float_resize``: on the float image rather than the uint8 one, as torchvision's detection
+    transform does) and normalised (``mean``, ``std``); a canvas is padded with ``fill`` (in
+    normalised units: 0, as torchvision pads)."""
 
     crop_size: int = 224
     resize_size: int = 256
-    mean: tuple[float, float, float] = IMAGENET_MEAN
-    std: tuple[float, float, float] = IMAGENET_STD
+    mean: tuple[float, ...] = IMAGENET_MEAN
+    std: tuple[float, ...] = IMAGENET_STD
     interpolation: Interpolation = Interpolation.BILINEAR
-    # The whole image, fitted into the crop_size square (detection, segmentation), instead of
-    # the centre crop of its resize.
-    letterbox: bool = False
+    fit: Fit = Fit.CENTER_CROP
+    max_size: int | None = None
+    size_divisible: int = 1
+    antialias: bool = True
+    float_resize: bool = False
+    fill: float = 0.0
 
     def __post_init__(self) -> None:
         if self.crop_size < 1 or self.resize_size < 1:
             raise ValueError("crop_size and resize_size must be >= 1")
-        if self.crop_size > self.resize_size:
+        object.__setattr__(self, "interpolation", Interpolation(self.interpolation))
+        object.__setattr__(self, "fit", Fit(self.fit))
+        object.__setattr__(self, "mean", tuple(float(m) for m in self.mean))
+        object.__setattr__(self, "std", tuple(float(s) for s in self.std))
+        if self.fit is Fit.CENTER_CROP and self.crop_size > self.resize_size:
             raise ValueError(
                 f"the crop ({self.crop_size}) cannot be larger than the resize ({self.resize_size})"
             )
-        object.__setattr__(self, "interpolation", Interpolation(self.interpolation))
+        if self.max_size is not None and self.max_size < self.resize_size:
+            raise ValueError(
+                f"the longest side ({self.max_size}) cannot be shorter than the shortest "
+                f"({self.resize_size})"
+            )
+        if self.size_divisible < 1:
+            raise ValueError("size_divisible must be >= 1")
 
+    @property
+    def letterbox(self) -> bool:
+        return self.fit is Fit.LETTERBOX
 
-def resized_size(height: int, width: int, short_side: int) -> tuple[int, int]:
-    """The size with the shorter side at ``short_side`` and the aspect ratio kept (the longer
-    side rounded down)."""
-    if height <= width:
-        return short_side, int(short_side * width / height)
-    return int(short_side * height / width), short_side
+    def placement(self, width: int, height: int) -> Placement:
+        """Where an upright ``width`` x ``height`` image lies in this model's input."""
+        return place(width, height, self.fit, crop_size=self.crop_size,
+                     resize_size=self.resize_size, max_size=self.max_size,
+                     size_divisible=self.size_divisible)  # fmt: skip
 
+    @property
+    def example_canvas(self) -> tuple[int, int]:
+        """The canvas of a 640 x 480 photo: the shape a model is exported and probed at."""
+        return self.placement(640, 480).canvas
 
-def _uint8_stays_uint8(mode: Interpolation, device: torch.device) -> bool:
-    """Whether torch resizes uint8 directly (a vectorised kernel) rather than through float."""
-    if device.type != "cpu":
-        return mode in (Interpolation.NEAREST, Interpolation.NEAREST_EXACT)
-    if mode is Interpolation.BILINEAR:
-        vectorised = torch.backends.cpu.get_cpu_capability() in ("AVX2", "AVX512")
-        return vectorised or platform.machine() in ("aarch64", "arm64")
-    return True  # nearest and bicubic have uint8 kernels of their own
+    def as_dict(self) -> dict[str, object]:
+        """Its fields as JSON values (a model card keeps them)."""
+        values = {name: getattr(self, name) for name in self.__dataclass_fields__}
+        return {name: (list(value) if isinstance(value, tuple) else
+                       str(value) if isinstance(value, enum.Enum) else value)
+                for name, value in values.items()}  # fmt: skip
 
 
 def resize(image: torch.Tensor, short_side: int, mode: Interpolation) -> torch.Tensor:
@@ -95,23 +120,46 @@ def resize(image: torch.Tensor, short_side: int, mode: Interpolation) -> torch.T
     return _interpolate(batch, size, mode).reshape(*lead, channels, *size)
 
 
-def _interpolate(batch: torch.Tensor, size: tuple[int, int], mode: Interpolation) -> torch.Tensor:
-    """``[N, C, H, W]`` resized to ``size`` (antialiased for bilinear and bicubic), in its own
-    dtype: uint8 through float only where torch has no uint8 kernel for the mode here."""
+# The most bytes of float pixels a resize holds at once.
+FLOAT_COPY_BYTES = 4 * 1024 * 1024
+
+
+def _interpolate(
+    batch: torch.Tensor, size: tuple[int, int], mode: Interpolation, antialias: bool = True
+) -> torch.Tensor:
+    """``[N, C, H, W]`` resized to ``size`` (antialiased for bilinear and bicubic unless
+    ``antialias`` is off), in its own dtype: uint8 through float32 and rounded back, as
+    torchvision's ``transforms.functional.resize`` (what the weights' ``transforms()`` call)
+    does; torch's own uint8 kernels round otherwise, a grey level apart here and there."""
     dtype = batch.dtype
-    cast = dtype not in (torch.float32, torch.float64) and not (
-        dtype == torch.uint8 and _uint8_stays_uint8(mode, batch.device)
-    )
     smooth = mode in (Interpolation.BILINEAR, Interpolation.BICUBIC)
-    resized = interpolate(
-        batch.float() if cast else batch, size=list(size), mode=mode.value,
-        align_corners=False if smooth else None, antialias=smooth,
-    )  # fmt: skip
-    if cast:
-        if mode is Interpolation.BICUBIC:
-            resized = resized.clamp_(0, 255)
-        resized = resized.round_().to(dtype)
-    return resized
+    options: dict[str, Any] = {"size": list(size), "mode": mode.value,
+                               "align_corners": False if smooth else None,
+                               "antialias": smooth and antialias}  # fmt: skip
+    if dtype in (torch.float32, torch.float64) or not smooth:
+        return interpolate(batch, **options)  # nearest copies pixels: exact in any dtype
+    if options["antialias"]:
+        resized = _separable(batch, size, options)
+    else:
+        resized = interpolate(batch.float(), **options)
+    if mode is Interpolation.BICUBIC:
+        resized = resized.clamp_(0, 255)
+    return resized.round_().to(dtype)
+
+
+def _separable(batch: torch.Tensor, size: tuple[int, int], options: dict[str, Any]) -> torch.Tensor:
+    """An antialiased resize of integer pixels in float, across then down, as torch's own
+    resize runs it (the same floats): across a band of rows at a time, so that the float copy
+    of a large photo (four times its bytes, outgrowing what admission counts) is never whole."""
+    count, channels, height, width = batch.shape
+    across = torch.empty((count, channels, height, size[1]), device=batch.device)
+    rows = max(1, FLOAT_COPY_BYTES // (4 * count * channels * width))
+    for top in range(0, height, rows):
+        band = batch[:, :, top : top + rows].float()
+        across[:, :, top : top + rows] = interpolate(
+            band, **(options | {"size": [band.shape[2], size[1]]})
+        )
+    return interpolate(across, **options)
 
 
 def center_crop(image: torch.Tensor, size: int) -> torch.Tensor:
@@ -121,29 +169,6 @@ def center_crop(image: torch.Tensor, size: int) -> torch.Tensor:
         raise ValueError(f"a {width}x{height} image has no {size}x{size} centre")
     top, left = round((height - size) / 2), round((width - size) / 2)
     return image[..., top : top + size, left : left + size]
-
-
-def letterbox_size(height: int, width: int, size: int) -> tuple[int, int]:
-    """The size of a ``height`` x ``width`` image fitted into a ``size`` square, its aspect
-    ratio kept: its longer side becomes ``size``, the shorter one is rounded (at least 1)."""
-    scale = size / max(height, width)
-    return max(1, min(size, round(height * scale))), max(1, min(size, round(width * scale)))
-
-
-def letterbox(image: torch.Tensor, config: TransformConfig) -> torch.Tensor:
-    """``uint8[3, H, W]`` fitted into ``crop_size`` x ``crop_size`` (``letterbox_size``), at
-    the top left, the rest the mean colour. Any device; keeps the dtype."""
-    height, width = int(image.shape[-2]), int(image.shape[-1])
-    target = letterbox_size(height, width, config.crop_size)
-    if target != (height, width):
-        resized = _interpolate(image.unsqueeze(0), target, config.interpolation)[0]
-    else:
-        resized = image
-    size = config.crop_size
-    fill = channel_constant(tuple(round(255 * m) for m in config.mean), image.dtype, image.device)
-    canvas = fill.expand(3, size, size).clone()
-    canvas[:, : target[0], : target[1]] = resized
-    return canvas
 
 
 @functools.lru_cache(maxsize=64)
@@ -158,17 +183,34 @@ def channel_constant(
         return torch.tensor(values, dtype=dtype, device=device).view(-1, 1, 1)
 
 
-def fit(image: torch.Tensor, config: TransformConfig) -> torch.Tensor:
-    """The model's input image: letterboxed, or resized and centre-cropped."""
-    return letterbox(image, config) if config.letterbox else resize_crop(image, config)
+def fit(image: torch.Tensor, config: TransformConfig, placement: Placement) -> torch.Tensor:
+    """The pixels the model sees of ``uint8[..., 3, H, W]`` (the upright image, maybe decoded
+    smaller than it is): its centre crop, or the whole image resized to its placement's
+    content size (float, on the 0-255 scale, where the model resizes the float image). Any
+    device."""
+    if config.fit is Fit.CENTER_CROP:
+        return resize_crop(image, config)
+    if config.float_resize:
+        image = image.float()
+    if tuple(image.shape[-2:]) == placement.content:
+        return image
+    lead = image.shape[:-3]
+    batch = image.reshape(-1, *image.shape[-3:])
+    resized = _interpolate(batch, placement.content, config.interpolation, config.antialias)
+    return resized.reshape(*lead, *resized.shape[-3:])
 
 
-def decode_short_side(width: int, height: int, config: TransformConfig) -> int:
-    """The short side the transform needs of an image (a JPEG decoded scaled down in the DCT
-    must keep it): the resize's, or for a letterbox, what its short side is fitted to."""
-    if not config.letterbox:
+def decode_short_side(width: int, height: int, config: TransformConfig) -> int | None:
+    """The short side a JPEG decoded scaled down in the DCT must keep for this transform
+    (None: decoded whole): the resize's, or the short side of the content. Only before an
+    antialiased resize, which averages what the DCT's scaling averages; a model that samples
+    the full image without antialiasing (torchvision's detectors) must be given the full
+    image to sample."""
+    if not config.antialias:
+        return None
+    if config.fit is Fit.CENTER_CROP:
         return config.resize_size
-    return min(letterbox_size(height, width, config.crop_size))
+    return min(config.placement(width, height).content)
 
 
 def resize_crop(image: torch.Tensor, config: TransformConfig) -> torch.Tensor:
@@ -180,9 +222,14 @@ def resize_crop(image: torch.Tensor, config: TransformConfig) -> torch.Tensor:
 
 
 def normalize_into(
-    images: torch.Tensor | Sequence[torch.Tensor], out: torch.Tensor, config: TransformConfig
+    images: torch.Tensor | Sequence[torch.Tensor],
+    out: torch.Tensor,
+    config: TransformConfig,
+    placements: Sequence[Placement] | None = None,
 ) -> torch.Tensor:
-    """Scale uint8 images to [0, 1], normalize with mean/std in fp32, write into ``out``.
+    """Scale images (uint8, or float on the 0-255 scale) to [0, 1], normalize with mean/std
+    in fp32, write into ``out``: each at its placement's place in the canvas, the rest of the
+    canvas ``config.fill``.
 
     ``out`` keeps its dtype and memory format (e.g. bf16, channels_last): the model's input
     buffer is filled in place. Returns the filled ``out[:n]``.
@@ -191,15 +238,27 @@ def normalize_into(
     target = out[:count]
     mean = channel_constant(config.mean, torch.float32, out.device)
     std = channel_constant(config.std, torch.float32, out.device)
+    padded = placements is not None and any(each.padded for each in placements)
+    if padded:
+        assert placements is not None
+        target.fill_(config.fill)
+        for row, (image, where) in enumerate(zip(images, placements, strict=True)):
+            height, width = where.content
+            area = target[row, :, where.top : where.top + height, where.left : where.left + width]
+            if out.dtype == torch.float32 and image.device == out.device:
+                area.copy_(image).div_(255).sub_(mean).div_(std)
+            else:
+                area.copy_(image.to(out.device, torch.float32).div(255).sub_(mean).div_(std))
+        return target
     if out.dtype == torch.float32 and all(image.device == out.device for image in images):
         # The same arithmetic in place in the input: no stacked copy, no float copy of it.
         for row, image in enumerate(images):
             target[row].copy_(image)
-        return target.mul_(1.0 / 255).sub_(mean).div_(std)
+        return target.div_(255).sub_(mean).div_(std)
     batch = images if isinstance(images, torch.Tensor) else torch.stack(list(images))
     if batch.device != out.device:
         batch = batch.to(out.device, non_blocking=True)
     # (x / 255 - mean) / std, in place on one float copy
-    normalized = batch.to(torch.float32).mul_(1.0 / 255).sub_(mean).div_(std)
+    normalized = batch.to(torch.float32).div(255).sub_(mean).div_(std)
     target.copy_(normalized)
     return target
