@@ -36,7 +36,7 @@ serve-workers: $(STAMP)
 
 ## Build the documentation strictly (a broken link or a missing page fails), then run the whole test suite
 test: $(STAMP)
-	NO_MKDOCS_2_WARNING=1 $(BIN)/mkdocs build --strict -q --site-dir $(VENV)/site
+	NO_MKDOCS_2_WARNING=1 $(BIN)/mkdocs build --strict --site-dir $(VENV)/site
 	$(BIN)/python -m pytest -q
 
 ## Serve the documentation at http://127.0.0.1:$(DOCS_PORT), rebuilt as its pages change

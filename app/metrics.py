@@ -89,6 +89,14 @@ class Metrics:
             buckets=_BATCH_BUCKETS,
             registry=r,
         )
+        self.canvas_batch_size = Histogram(
+            "batchserve_canvas_batch_size",
+            "Images per forward pass, by the input shape they share (height x width): images "
+            "of other shapes are not batched together",
+            ["canvas", *_VERSION],
+            buckets=_BATCH_BUCKETS,
+            registry=r,
+        )
         self.queue_wait = Histogram(
             "batchserve_queue_wait_seconds",
             "Submit to dispatch, per dispatched request (dropped ones are counted apart)",
@@ -299,6 +307,7 @@ class VersionMetrics(BatchObserver, EngineObserver):
             metrics.queue_wait, metrics.expired_in_flight, metrics.padding_rows,
             metrics.decode_fallbacks, metrics.model_ready,
         ]  # fmt: skip
+        self._canvases: set[str] = set()
         self._batch_size = metrics.batch_size.labels(*labels)
         self._queue_wait = metrics.queue_wait.labels(*labels)
         self._expired = metrics.expired_in_flight.labels(*labels)
@@ -344,6 +353,8 @@ class VersionMetrics(BatchObserver, EngineObserver):
             _remove(family, labels)
         for stage in STAGES:
             _remove(metrics.stage, (stage, *labels))
+        for canvas in self._canvases:
+            _remove(metrics.canvas_batch_size, (canvas, *labels))
         for result in ("ok", "error"):
             _remove(metrics.batches, (result, *labels))
         for reason in ("cancelled", "deadline_exceeded", "displaced"):
@@ -367,6 +378,9 @@ class VersionMetrics(BatchObserver, EngineObserver):
             self._preprocess.inc(report.preprocess_s)
         if report.padded_rows > report.rows:
             self._padding.inc(report.padded_rows - report.rows)
+        canvas = f"{report.canvas[0]}x{report.canvas[1]}"
+        self._canvases.add(canvas)
+        self._metrics.canvas_batch_size.labels(canvas, *self._labels).observe(report.rows)
 
     def on_decode_fallbacks(self, count: int) -> None:
         self._fallbacks.inc(count)

@@ -21,6 +21,7 @@ DecodeDevice = Literal["auto", "cpu", "cuda"]
 CompileMode = Literal["auto", "none", "torchscript", "inductor"]
 Warmup = Literal["auto", "all", "first"]
 TaskName = Literal["auto", "classify", "detect", "segment", "embed"]
+FitName = Literal["auto", "center-crop", "shorter-side", "min-max", "stretch", "letterbox"]
 
 
 def _directory(value: Path) -> Path:
@@ -75,10 +76,24 @@ class ModelKeys(BaseModel):
     OpenVINO only, from a model that passed its accuracy gate)."""
     decode_device: DecodeDevice = "auto"
     """Where JPEGs are decoded: `auto`, `cpu`, `cuda`."""
+    fit: FitName = "auto"
+    """How an image becomes the model's input: `auto` (the model's own library's rule: a
+    torchvision detector's transform, read from the model; its weights' `transforms()` for a
+    classifier or a segmenter; for a model of one's own a centre crop, or a letterbox for a
+    detector or a segmenter), or one rule by name: `center-crop` (the shorter side to
+    `RESIZE_SIZE`, the centre `IMAGE_SIZE` square), `shorter-side` (the shorter side to
+    `IMAGE_SIZE`, the whole image), `min-max` (torchvision's detection transform), `stretch`
+    (an `IMAGE_SIZE` square, the aspect ratio lost), `letterbox` (the longer side to
+    `IMAGE_SIZE`, padded to the square, for a model trained so). Replacing a library's own
+    rule changes the model's answers, and says so in the log; see
+    [Tasks](tasks.md#what-each-model-sees)."""
     image_size: int | None = Field(None, ge=8, le=4096)
-    """Centre crop in pixels (224 for most); unset: the weights' preset."""
+    """The size the model sees, as its `FIT` reads it: the centre crop (224 for most classifiers),
+    the shorter side (520 for torchvision's segmenters; a torchvision detector's `min_size`,
+    800 for most, or SSD's square); unset: the model's own."""
     resize_size: int | None = Field(None, ge=8, le=8192)
-    """Shorter side before the crop (232 for resnet50, 256 for most); unset: the weights' preset."""
+    """`center-crop`: the shorter side before the crop (232 for resnet50, 256 for most); unset:
+    the weights' preset."""
     cuda_graphs: bool = False
     """Capture one CUDA graph per batch bucket."""
     compile: CompileMode = "auto"

@@ -80,7 +80,7 @@ class Settings(BaseSettings, ModelKeys):
     process's affinity mask capped by its container's CPU quota, not the host's core count.
     Beside a runtime, torch's own steps (normalising a batch, its top classes, and so the decode
     threads' resizing too) run on one thread (see [torch's threads beside a
-    runtime](runtimes.md#torchs-threads-beside-a-runtime)). Unset: available CPUs."""
+    runtime](studies/torch_threads/README.md)). Unset: available CPUs."""
     workers: int = Field(1, ge=1, le=256)
     """The workers on one host (one per GPU, or per share of the CPUs); see
     [Deployment](deployment.md)."""

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 from app.engine.backends import Backend, TorchBackend, sharded_backend
 from app.engine.checks.gate import Bounds, compare, eager_reference, probabilities, verdict
+from app.engine.checks.task_gate import compare_answers
 from app.engine.device import (
     DeviceError,
     precision_candidates,
@@ -26,6 +27,7 @@ from app.engine.model.loading import LoadedModel, ModelLoadError, load_model
 from app.engine.observer import BatchReport, EngineObserver
 from app.engine.pipeline.graphs import bucket_for
 from app.engine.tasks import resolve_task
+from app.engine.tasks.answers import Detected
 from app.engine.warmup import synthetic_jpegs, synthetic_photo
 
 __all__ = [
@@ -36,6 +38,7 @@ __all__ = [
     "Backend",
     "BatchReport",
     "Bounds",
+    "Detected",
     "DeviceError",
     "EngineObserver",
     "ImageRequest",
@@ -51,6 +54,7 @@ __all__ = [
     "build_int8",
     "calibration_batches",
     "compare",
+    "compare_answers",
     "convert_to_openvino",
     "eager_reference",
     "export_onnx",

@@ -28,9 +28,9 @@ from app.engine.pipeline.graphs import bucket_for
 from app.engine.pipeline.slot import BatchSlot
 from app.engine.pipeline.streams import Mark, streams_for
 from app.engine.tasks import answers, outputs
-from app.engine.tasks.answers import Detected, Geometry, geometry_of
+from app.engine.tasks.answers import Detected
 from app.engine.warmup import WARMUP_IMAGES, warmup_images
-from preprocessing import Buffer, ImageLimits, PreparedImage, prepare
+from preprocessing import Buffer, ImageLimits, Placement, PreparedImage, prepare
 from preprocessing.staging import PinnedStaging
 
 logger = logging.getLogger("batchserve")
@@ -45,6 +45,7 @@ class ImageRequest:
     dense: bool = False  # every class's probability too, as an array (not ``top_k`` dicts)
     min_score: float = 0.0  # a detector's boxes below it are not answered
     max_detections: int = 100
+    masks: bool = True  # an instance segmenter's masks, with its boxes
 
 
 @dataclass(slots=True)
@@ -60,6 +61,7 @@ class Prediction:
     probabilities: np.ndarray[Any, Any] | None = None  # FP32 [classes], when asked ``dense``
     detected: Detected | None = None
     mask: np.ndarray[Any, Any] | None = None  # [H, W] class indices, in the image's pixels
+    canvas: tuple[int, int] | None = None  # the input's (height, width) its batch ran at
     embedding: np.ndarray[Any, Any] | None = None  # FP32 [D]
 
 
@@ -94,6 +96,8 @@ class InferenceEngine:
         self.name = loaded.name
         self.task = loaded.task
         self.dimensions = loaded.dimensions
+        # What a detector answers of each box beside it: ``masks``, ``keypoints``.
+        self.instances = loaded.instances
         # The server's non-maximum suppression for a detector that runs none (None: none).
         self.nms_iou = nms_iou
         self.embed_normalize = embed_normalize
@@ -130,9 +134,16 @@ class InferenceEngine:
         return len(self.labels)
 
     @property
+    def canvas(self) -> tuple[int, int] | None:
+        """The input tensor's ``(height, width)`` of every image; None where it follows each
+        image's size."""
+        return self.transform.example_canvas if self.transform.fit.fixed_canvas else None
+
+    @property
     def input_shape(self) -> tuple[int, int, int]:
-        size = self.transform.crop_size
-        return (3, size, size)
+        """The input of one image of a 640 x 480 photo: what the model is probed and exported
+        at (a model whose canvas follows each image's size takes others too)."""
+        return (3, *self.transform.example_canvas)
 
     @property
     def pads_to_buckets(self) -> bool:
@@ -197,7 +208,7 @@ class InferenceEngine:
         finished = False
         try:
             with torch.inference_mode():
-                outcomes = self._execute(slot, requests, started, report)
+                outcomes = self._execute_by_canvas(slot, requests, started, report)
             finished = True
             return outcomes
         finally:
@@ -208,15 +219,42 @@ class InferenceEngine:
             slot.clear()
             self._slots.release(slot)
 
-    def _execute(
+    def _execute_by_canvas(
         self, slot: BatchSlot, requests: list[ImageRequest], started: float, report: bool
+    ) -> list[Prediction | BaseException]:
+        """The requests' images, a forward pass per canvas: images share one only with images
+        that get the same input tensor alone (the batcher forms batches of one canvas; a
+        batch made elsewhere, such as the start-up check's, may mix them)."""
+        groups: dict[tuple[int, int], list[int]] = {}
+        for index, request in enumerate(requests):
+            groups.setdefault(request.image.canvas, []).append(index)
+        if len(groups) == 1:
+            ((canvas, _),) = groups.items()
+            return self._execute(slot, requests, canvas, started, report)
+        outcomes: list[Prediction | BaseException | None] = [None] * len(requests)
+        for canvas, indices in groups.items():
+            done = self._execute(slot, [requests[index] for index in indices], canvas, started,
+                                 report)  # fmt: skip
+            slot.clear()  # that forward pass is over: its tensors may go
+            for index, outcome in zip(indices, done, strict=True):
+                outcomes[index] = outcome
+        return _completed(outcomes)
+
+    def _execute(
+        self,
+        slot: BatchSlot,
+        requests: list[ImageRequest],
+        canvas: tuple[int, int],
+        started: float,
+        report: bool,
     ) -> list[Prediction | BaseException]:
         streams = self._streams
         marks: dict[str, Mark] = {}
+        slot.reserve(self._padded(len(requests)), canvas)
         with streams.preprocess(slot.stream):
             marks["start"] = streams.mark()
-            rows, errors = self._collator.collate(
-                slot, [request.image for request in requests], marks
+            inputs, rows, errors = self._collator.collate(
+                slot, [request.image for request in requests], marks, canvas
             )
             marks["collated"] = streams.mark()
         outcomes: list[Prediction | BaseException | None] = [None] * len(requests)
@@ -226,9 +264,10 @@ class InferenceEngine:
             return _completed(outcomes)
 
         count = len(rows)
-        padded = bucket_for(count, self.buckets) if self.pads_to_buckets else count
+        padded = self._padded(count)
+        batch = slot.inputs(padded, canvas) if padded != count else inputs
         if self.task != "classify":
-            return self._execute_task(slot, requests, rows, outcomes, padded, marks, started,
+            return self._execute_task(slot, requests, rows, outcomes, batch, marks, started,
                                       report)  # fmt: skip
         kmax = max(requests[row].top_k for row in rows)
         scores_out, indices_out = slot.readback(count, kmax)
@@ -246,7 +285,7 @@ class InferenceEngine:
             indices_out.copy_(top[2], non_blocking=True)
 
         (probabilities, _, _), forward_queued_at, completed_at = self._forward(
-            slot, padded, marks, top_classes, read_back
+            batch, None, marks, top_classes, read_back
         )
         # Dense answers as one array, not a dict per class and row (computed, so readable now).
         dense = (probabilities.cpu().numpy() if any(requests[row].dense for row in rows)
@@ -267,8 +306,12 @@ class InferenceEngine:
             wanted = dense[position] if dense is not None and requests[row].dense else None
             outcomes[row] = Prediction(classes, count, started, stages, wanted)
         if report:
-            self._report(count, padded, marks, forward_queued_at, completed_at, stages)
+            self._report(count, batch, marks, forward_queued_at, completed_at, stages)
         return _completed(outcomes)
+
+    def _padded(self, count: int) -> int:
+        """The rows a batch of ``count`` runs as: its bucket, where the backend needs one."""
+        return bucket_for(count, self.buckets) if self.pads_to_buckets else count
 
     def _execute_task(
         self,
@@ -276,34 +319,35 @@ class InferenceEngine:
         requests: list[ImageRequest],
         rows: list[int],
         outcomes: list[Prediction | BaseException | None],
-        padded: int,
+        batch: torch.Tensor,
         marks: dict[str, Mark],
         started: float,
         report: bool,
     ) -> list[Prediction | BaseException]:
-        """A batch of a detector, a segmenter or an encoder: the forward pass, then its
-        outputs read and turned into each image's answer on the batch (``tasks.answers``)."""
+        """A batch of a detector, a segmenter or an encoder: the forward pass (a detector told
+        each image's size in the canvas), then its outputs read and turned into each image's
+        answer on the batch (``tasks.answers``)."""
         count = len(rows)
-        images = [requests[row].image for row in rows]
-        size, letterbox = self.transform.crop_size, self.transform.letterbox
-        geometries = [geometry_of(image, size, letterbox) for image in images]
+        placements = [requests[row].image.placement for row in rows]
+        sizes = [where.content for where in placements] if self.task == "detect" else None
         (kind, values), forward_queued_at, completed_at = self._forward(
-            slot, padded, marks,
-            lambda output: self._answers(output, count, rows, requests, geometries),
+            batch, sizes, marks,
+            lambda output: self._answers(output, count, rows, requests, placements),
         )  # fmt: skip
         stages = self._stages(marks)
+        canvas = (int(batch.shape[-2]), int(batch.shape[-1]))
         for position, row in enumerate(rows):
-            prediction = Prediction([], count, started, stages)
+            prediction = Prediction([], count, started, stages, canvas=canvas)
             setattr(prediction, kind, values[position])
             outcomes[row] = prediction
         if report:
-            self._report(count, padded, marks, forward_queued_at, completed_at, stages)
+            self._report(count, batch, marks, forward_queued_at, completed_at, stages)
         return _completed(outcomes)
 
     def _forward(
         self,
-        slot: BatchSlot,
-        padded: int,
+        batch: torch.Tensor,
+        sizes: list[tuple[int, int]] | None,
         marks: dict[str, Mark],
         postprocess: Callable[[Any], T],
         read_back: Callable[[T], None] | None = None,
@@ -319,7 +363,7 @@ class InferenceEngine:
             queued_at = time.perf_counter()
             marks["forward_start"] = streams.mark()
             with record_function("batchserve.forward"):
-                output = self.backend.forward(slot.inputs[:padded])
+                output = self.backend.forward(batch, sizes)
             marks["forward_end"] = streams.mark()
             with record_function("batchserve.postprocess"):
                 result = postprocess(output)
@@ -337,27 +381,26 @@ class InferenceEngine:
         count: int,
         rows: list[int],
         requests: list[ImageRequest],
-        geometries: list[Geometry],
+        placements: list[Placement],
     ) -> tuple[str, Sequence[Any]]:
         """Which field of each row's prediction the task fills, and each row's value."""
         if self.task == "detect":
-            boxes, scores, labels = outputs.detections(output)
             wanted = [requests[row] for row in rows]
             return "detected", answers.detections(
-                boxes[:count], scores[:count], labels[:count], geometries,
+                outputs.detections(output), placements,
                 [each.min_score for each in wanted], [each.max_detections for each in wanted],
-                self.nms_iou,
+                self.nms_iou, [each.masks for each in wanted],
             )  # fmt: skip
         if self.task == "segment":
             return "mask", answers.masks(outputs.segmentation(output)[:count],
-                                               geometries)  # fmt: skip
+                                               placements)  # fmt: skip
         features = outputs.vectors(output)[:count]
         return "embedding", list(answers.embeddings(features, self.embed_normalize))
 
     def _report(
         self,
         count: int,
-        padded: int,
+        batch: torch.Tensor,
         marks: dict[str, Mark],
         forward_queued_at: float,
         completed_at: float,
@@ -366,7 +409,8 @@ class InferenceEngine:
         self._observer.on_batch(
             BatchReport(
                 rows=count,
-                padded_rows=padded,
+                padded_rows=int(batch.shape[0]),
+                canvas=(int(batch.shape[-2]), int(batch.shape[-1])),
                 preprocess_s=marks["collated"].seconds_since(marks["start"]),
                 busy_s=marks["done"].seconds_since(marks["forward_start"]),
                 forward_queued_at=forward_queued_at,

@@ -32,7 +32,7 @@ from app.engine.engine import InferenceEngine
 from app.engine.errors import CheckFailedError, StartupError
 from app.engine.int8.int8_gated import gated_int8, int8_ready
 from app.engine.machine import Machine
-from app.engine.model.cards import load_described
+from app.engine.model.cards import StaleCardError, load_described
 from app.engine.model.compile import kept, resolve_compile
 from app.engine.model.loading import LoadedModel, load_model, loaded_digest
 from app.engine.model.store import (
@@ -60,7 +60,7 @@ def load_configured_model(config: ModelConfig, *, use_card: bool = True) -> Load
     card when there is one (the module is then built only if something needs it)."""
     return load_described(config, lambda: load_model(
         config.model, config.weights, config.labels, config.image_size,
-        config.resize_size, config.task,
+        config.resize_size, config.task, config.fit,
     ), use_card=use_card)  # fmt: skip
 
 
@@ -90,8 +90,14 @@ def build_engine(
     torch.set_num_threads(config.threads)
     with phases.phase("weights"):
         loaded = load_configured_model(config)
-    engine = _engine_for(loaded, config, build, observer, device_lock)
-    if loaded.stale():  # its checkpoint was hashed while the runtime compiled
+    try:
+        engine: InferenceEngine | None = _engine_for(loaded, config, build, observer, device_lock)
+        # Its checkpoint was hashed while the runtime compiled; or the module was built from
+        # it (a detector's always is) and gave other weights than the card said.
+        stale = loaded.stale()
+    except StaleCardError:
+        engine, stale = None, True
+    if stale:
         logger.warning(
             "%s: the checkpoint %s holds other weights than its model card says (same size and "
             "modification time, other contents): building from the checkpoint",
@@ -101,6 +107,7 @@ def build_engine(
         with phases.phase("weights"):
             loaded = load_configured_model(config, use_card=False)
         engine = _engine_for(loaded, config, build, observer, device_lock)
+    assert engine is not None
     return engine
 
 
@@ -259,9 +266,11 @@ def _torch_backend(config: ModelConfig, loaded: LoadedModel, build: _Build) -> B
     native_bf16 = build.machine.native_bf16 and loaded.task == "classify"
     candidates = precision_candidates(config.precision, device, native_bf16)
     shape = input_shape(loaded)
-    # A detector's outputs have data-dependent sizes: traced or captured, they would be wrong.
-    mode = "none" if loaded.task == "detect" else resolve_compile(config.compile, device)
-    graphs = config.cuda_graphs and loaded.task != "detect"
+    # A detector's outputs have data-dependent sizes, and a model whose input follows each
+    # image's size has one graph per size: traced or captured, either would be wrong.
+    fixed = loaded.task != "detect" and loaded.transform.fit.fixed_canvas
+    mode = resolve_compile(config.compile, device) if fixed else "none"
+    graphs = config.cuda_graphs and fixed
 
     def candidate(precision: str) -> Backend:
         dtype = DTYPES[precision]
@@ -326,7 +335,7 @@ def _runtime_backend(config: ModelConfig, loaded: LoadedModel, build: _Build) ->
     gate = None
     with phases.phase("artefacts"):  # found, or exported, converted or quantised now
         if precisions == ("int8",):
-            path, gate = gated_int8(config, loaded)
+            path, gate = gated_int8(config, loaded, build.machine.rate)
         elif config.backend == "onnxruntime":
             path = ensure_onnx(root, loaded)
         else:  # one IR for every precision: OpenVINO converts when it compiles

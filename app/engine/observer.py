@@ -21,6 +21,8 @@ class BatchReport:
 
     ``forward_queued_at`` and ``completed_at`` are host ``time.perf_counter()`` readings: when
     the forward pass was handed to the device, and when the results were ready on the host.
+
+    ``canvas``: the input's ``(height, width)``, the shape every image of the batch shares.
     """
 
     rows: int
@@ -30,6 +32,7 @@ class BatchReport:
     forward_queued_at: float
     completed_at: float
     stages: dict[str, float] = field(default_factory=dict)
+    canvas: tuple[int, int] = (0, 0)
 
 
 class EngineObserver:

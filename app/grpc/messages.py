@@ -32,7 +32,12 @@ _CONTENTS = {"BYTES": ("bytes_contents", 8), "UINT8": ("uint_contents", 4),
 
 
 def read_request(
-    request: Any, max_images: int, max_bytes: int, classes: int, task: str = "classify"
+    request: Any,
+    max_images: int,
+    max_bytes: int,
+    classes: int,
+    task: str = "classify",
+    instances: tuple[str, ...] = (),
 ) -> tuple[Inputs, list[RequestedOutput]]:
     """The request's one input and the outputs it asks for (``MalformedTensorError`` and
     friends when it does not fit). Its raw contents are released from the message."""
@@ -57,7 +62,7 @@ def read_request(
     # above hold what they need).
     request.ClearField("raw_input_contents")
     del raw
-    return one_input(tensors), _outputs(request, classes, task)
+    return one_input(tensors), _outputs(request, classes, task, instances)
 
 
 def _from_contents(tensor: Any, shape: tuple[int, ...], count: int) -> Tensor:
@@ -141,7 +146,9 @@ def parameter(parameters: Any, name: str) -> Any:
     return _parameter(parameters[name]) if name in parameters else None
 
 
-def _outputs(request: Any, classes: int, task: str) -> list[RequestedOutput]:
+def _outputs(
+    request: Any, classes: int, task: str, instances: tuple[str, ...]
+) -> list[RequestedOutput]:
     asked = [(output.name, parameter(output.parameters, "classification") or None, True)
              for output in request.outputs]  # fmt: skip
-    return requested_outputs(task, asked, classes)
+    return requested_outputs(task, asked, classes, instances=instances)

@@ -32,6 +32,7 @@ from app.protocol.model_io import (
     schedule_parameter,
     top_k_for,
     wants_dense,
+    wants_masks,
 )
 from app.protocol.tensors import MalformedTensorError, raw_values
 from app.requestid import HEADER, current_request_id, request_id_from
@@ -126,10 +127,11 @@ class InferenceService(service_pb2_grpc.GRPCInferenceServiceServicer):  # type: 
 
             def parse(received: Any, facts: ModelFacts) -> Parsed:
                 inputs, outputs = read_request(received, facts.max_images, facts.max_bytes,
-                                               facts.classes, facts.task)  # fmt: skip
+                                               facts.classes, facts.task,
+                                               facts.instances)  # fmt: skip
                 return Parsed(inputs, top_k=top_k_for(outputs), dense=wants_dense(outputs),
                               min_score=min_score, max_detections=max_detections,
-                              detail=outputs)  # fmt: skip
+                              masks=wants_masks(outputs), detail=outputs)  # fmt: skip
 
             def named(name: str) -> None:
                 scope["model"] = name

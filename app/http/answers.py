@@ -3,10 +3,12 @@
 
 - classify: ``{"model", "version", "predictions": [{"index", "label", "score"}]}``;
 - detect: ``{"model", "version", "detections": [{"index", "label", "score", "box": [x1, y1,
-  x2, y2]}]}``, boxes in the original image's pixels, best first;
+  x2, y2]}]}``, boxes in the original image's pixels, best first; an instance segmenter's
+  each with its ``"mask": {"size": [h, w], "counts": "..."}`` (COCO run-length, in the
+  image's pixels), a keypoint detector's with its ``"keypoints": [[x, y, score], ...]``;
 - segment: ``{"model", "version", "size": [h, w], "classes": [{"index", "label",
   "pixels"}], "mask": <PNG, base64>}``: the mask a PNG of the image's size whose pixel values
-  are class indices (8-bit grey, 32-bit past 256 classes);
+  are class indices (8-bit grey, 16-bit past 256 classes);
 - embed: ``{"model", "version", "embedding": [...], "dim", "normalized"}``.
 """
 
@@ -60,11 +62,18 @@ def detections(prediction: Prediction, labels: Sequence[str]) -> list[dict[str, 
     found = prediction.detected
     if found is None:
         return []
-    return [
+    entries = [
         {"index": int(index), "label": label_of(labels, int(index)), "score": float(score),
          "box": [float(value) for value in box]}
         for box, score, index in zip(found.boxes, found.scores, found.labels, strict=True)
     ]  # fmt: skip
+    if found.masks is not None:
+        for entry, mask in zip(entries, found.masks, strict=True):
+            entry["mask"] = mask
+    if found.keypoints is not None:
+        for entry, points in zip(entries, found.keypoints.tolist(), strict=True):
+            entry["keypoints"] = points
+    return entries
 
 
 def segmentation(
@@ -80,9 +89,10 @@ def segmentation(
 
 
 def mask_png(mask: np.ndarray[Any, Any]) -> bytes:
-    """A mask of class indices as a PNG of its size: 8-bit grey, 32-bit integers past 256."""
-    image = Image.fromarray(mask if mask.dtype == np.uint8 else mask.astype(np.int32),
-                            mode="L" if mask.dtype == np.uint8 else "I")  # fmt: skip
+    """A mask of class indices as a PNG of its size: 8-bit grey, 16-bit past 256 classes
+    (Pillow writes no 32-bit PNG)."""
+    # 8-bit grey (L) from uint8, 16-bit grey (I;16) from uint16: Pillow's own modes for them.
+    image = Image.fromarray(mask if mask.dtype == np.uint8 else mask.astype(np.uint16))
     buffer = io.BytesIO()
     image.save(buffer, "PNG", compress_level=1)
     return buffer.getvalue()

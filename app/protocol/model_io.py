@@ -1,16 +1,20 @@
 """What a model takes and gives in the Open Inference Protocol, whatever the transport.
 
 A request carries exactly one input, ``image`` (BYTES ``[N]``: encoded images), ``pixels``
-(UINT8 ``[N, H, W, 3]``) or ``tensor`` (FP32 ``[N, 3, size, size]``, normalised, and for a
-detector or segmenter already letterboxed), and asks for its model's outputs (all of them
-when it names none):
+(UINT8 ``[N, H, W, 3]``) or ``tensor`` (FP32 ``[N, 3, H, W]``, the model's own input: resized,
+padded and normalised as the model's transform does it, answered in its own pixels), and asks
+for its model's outputs (all of them when it names none):
 
 - a classifier: ``probabilities``, FP32 ``[N, classes]``, or with the classification extension
   (``classification: k``) BYTES ``[N, k]`` of ``"score:index:label"``, best first;
 - a detector: ``boxes`` FP32 ``[N, K, 4]`` (x1, y1, x2, y2 in each image's pixels), ``scores``
   FP32 ``[N, K]``, ``labels`` INT64 ``[N, K]`` and ``num_detections`` INT32 ``[N]``, padded to
-  the largest K of the request with zeros (the convention of TensorRT's NMS plugins);
-- a segmenter: ``mask``, UINT8 (INT32 past 256 classes) ``[N, H, W]`` of class indices, when
+  the largest K of the request with zeros (the convention of TensorRT's NMS plugins); an
+  instance segmenter's ``masks`` too, BYTES ``[N, K]``, each box's mask in its image's pixels
+  as COCO run-length in JSON (``{"size": [h, w], "counts": "..."}``, what pycocotools
+  writes; an empty string pads), and a keypoint detector's ``keypoints``, FP32
+  ``[N, K, P, 3]`` (x, y in the image's pixels, and each keypoint's score);
+- a segmenter: ``mask``, UINT8 (UINT16 past 256 classes) ``[N, H, W]`` of class indices, when
   every image of the request has the same size;
 - an encoder: ``embedding``, FP32 ``[N, D]``.
 
@@ -23,6 +27,7 @@ from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
+import orjson
 
 from app.errors import BadRequestError, InvalidParameterError
 from app.protocol.tensors import MalformedTensorError, OutputTensor, Tensor
@@ -54,10 +59,15 @@ class RequestedOutput:
     name: str = OUTPUT
 
 
+def outputs_of(task: str, instances: tuple[str, ...] = ()) -> tuple[str, ...]:
+    """A model's outputs: its task's, and a detector's ``masks`` and ``keypoints``."""
+    return TASK_OUTPUTS[task] + tuple(instances)
+
+
 def metadata(model: ModelDescription) -> dict[str, Any]:
     """Name, versions, platform, inputs and outputs of a model (its datatypes and shapes, -1
     for the batch and for what varies)."""
-    crop = model.crop_size
+    height, width = model.canvas or (-1, -1)
     return {
         "name": model.name,
         "versions": model.versions,
@@ -65,7 +75,7 @@ def metadata(model: ModelDescription) -> dict[str, Any]:
         "inputs": [
             {"name": "image", "datatype": "BYTES", "shape": [-1]},
             {"name": "pixels", "datatype": "UINT8", "shape": [-1, -1, -1, 3]},
-            {"name": "tensor", "datatype": "FP32", "shape": [-1, 3, crop, crop]},
+            {"name": "tensor", "datatype": "FP32", "shape": [-1, 3, height, width]},
         ],
         "outputs": _described_outputs(model),
     }
@@ -73,14 +83,18 @@ def metadata(model: ModelDescription) -> dict[str, Any]:
 
 def _described_outputs(model: ModelDescription) -> list[dict[str, Any]]:
     if model.task == "detect":
+        instances = {
+            "masks": {"name": "masks", "datatype": "BYTES", "shape": [-1, -1]},
+            "keypoints": {"name": "keypoints", "datatype": "FP32", "shape": [-1, -1, -1, 3]},
+        }
         return [
             {"name": "boxes", "datatype": "FP32", "shape": [-1, -1, 4]},
             {"name": "scores", "datatype": "FP32", "shape": [-1, -1]},
             {"name": "labels", "datatype": "INT64", "shape": [-1, -1]},
             {"name": "num_detections", "datatype": "INT32", "shape": [-1]},
-        ]
+        ] + [instances[name] for name in model.instances]
     if model.task == "segment":
-        datatype = "UINT8" if model.classes <= 256 else "INT32"
+        datatype = "UINT8" if model.classes <= 256 else "UINT16"
         return [{"name": "mask", "datatype": datatype, "shape": [-1, -1, -1]}]
     if model.task == "embed":
         return [{"name": "embedding", "datatype": "FP32", "shape": [-1, model.dimensions]}]
@@ -109,23 +123,38 @@ def one_input(tensors: list[Tensor]) -> Inputs:
 
 
 def requested_outputs(
-    task: str, asked: list[tuple[str, Any, bool]], classes: int, binary: bool = True
+    task: str,
+    asked: list[tuple[str, Any, bool]],
+    classes: int,
+    binary: bool = True,
+    instances: tuple[str, ...] = (),
 ) -> list[RequestedOutput]:
     """The outputs a request asks for, each ``(name, classification, binary)``, checked
-    against its model's task; every output of the task when it asks for none."""
+    against its model's outputs; every output of the model when it asks for none."""
     if not asked:
-        return [RequestedOutput(None, binary, name) for name in TASK_OUTPUTS[task]]
+        return [RequestedOutput(None, binary, name) for name in outputs_of(task, instances)]
     return [
-        RequestedOutput(requested_output(name, classification, classes, task), each, name)
+        RequestedOutput(
+            requested_output(name, classification, classes, task, instances), each, name
+        )
         for name, classification, each in asked
     ]
 
 
+def wants_masks(outputs: list[RequestedOutput]) -> bool:
+    """Whether an instance segmenter's masks are asked for (they cost the most to make)."""
+    return any(output.name == "masks" for output in outputs)
+
+
 def requested_output(
-    name: str, classification: Any, classes: int, task: str = "classify"
+    name: str,
+    classification: Any,
+    classes: int,
+    task: str = "classify",
+    instances: tuple[str, ...] = (),
 ) -> int | None:
     """Check one requested output; its classification count (None: dense probabilities)."""
-    known = TASK_OUTPUTS[task]
+    known = outputs_of(task, instances)
     if name not in known:
         raise InvalidParameterError(f"unknown output {name!r}; the outputs are {', '.join(known)}")
     if classification is None:
@@ -175,7 +204,7 @@ def render(
                 "tensor: send one image per request"
             )
         stacked = np.stack([mask for mask in masks if mask is not None])
-        datatype = "UINT8" if stacked.dtype == np.uint8 else "INT32"
+        datatype = "UINT8" if stacked.dtype == np.uint8 else "UINT16"
         return OutputTensor(name, datatype, list(stacked.shape), stacked)
     if task == "embed":
         vectors = np.stack([p.embedding for p in predictions if p.embedding is not None])
@@ -192,6 +221,20 @@ def _detections(name: str, predictions: list[Prediction]) -> OutputTensor:
     if name == "num_detections":
         return OutputTensor(name, "INT32", [len(found)], counts)
     width = int(counts.max(initial=0))
+    if name == "masks":
+        strings = [""] * (len(found) * width)
+        for row, each in enumerate(found):
+            for column, mask in enumerate((each.masks or []) if each is not None else []):
+                strings[row * width + column] = orjson.dumps(mask).decode()
+        return OutputTensor(name, "BYTES", [len(found), width], strings)
+    if name == "keypoints":
+        points = max((each.keypoints.shape[1] for each in found
+                      if each is not None and each.keypoints is not None), default=0)  # fmt: skip
+        values = np.zeros((len(found), width, points, 3), dtype=np.float32)
+        for row, each in enumerate(found):
+            if each is not None and each.keypoints is not None and len(each):
+                values[row, : len(each)] = each.keypoints
+        return OutputTensor(name, "FP32", list(values.shape), values)
     shape = [len(found), width, 4] if name == "boxes" else [len(found), width]
     values = np.zeros(shape, dtype=np.int64 if name == "labels" else np.float32)
     for row, each in enumerate(found):

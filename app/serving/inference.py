@@ -49,10 +49,11 @@ class ModelFacts:
     """What parsing may need to know: of the model that will answer, and of the limits."""
 
     classes: int  # the number of classes it ranks
-    crop_size: int  # the side of its input tensor
+    canvas: tuple[int, int] | None  # its input tensor's (height, width); None: each image's own
     max_images: int  # MAX_IMAGES_PER_REQUEST
     max_bytes: int  # MAX_IMAGE_BYTES: what one request may carry
     task: str = "classify"  # what it answers: classify, detect, segment, embed
+    instances: tuple[str, ...] = ()  # what a detector gives beside its boxes
 
 
 @dataclass(frozen=True)
@@ -63,9 +64,10 @@ class ModelDescription:
     versions: list[str]  # every version of it that serves
     backend: str  # what runs its forward pass
     classes: int
-    crop_size: int
+    canvas: tuple[int, int] | None  # its input tensor's (height, width); None: each image's own
     task: str = "classify"
     dimensions: int = 0  # an encoder's
+    instances: tuple[str, ...] = ()  # what a detector gives beside its boxes
 
 
 @dataclass
@@ -81,6 +83,7 @@ class Parsed:
     priority: int | None = None
     min_score: float | None = None  # a detector's (None: the model's MIN_SCORE)
     max_detections: int | None = None  # None: the model's MAX_DETECTIONS
+    masks: bool | None = None  # an instance segmenter's masks (None: as the transport says)
     detail: Any = None
 
 
@@ -114,6 +117,7 @@ class InferenceRequest:
     top_k: int | None = None
     min_score: float | None = None
     max_detections: int | None = None
+    masks: bool = True  # an instance segmenter's masks (``?masks=false``: its boxes alone)
     cancelled: Callable[[], Awaitable[Any]] | None = None
     named: Callable[[str], None] | None = None
     arrived: float = field(default_factory=time.perf_counter)
@@ -135,6 +139,7 @@ class InferenceResponse:
     task: str = "classify"
     labels: Sequence[str] = ()  # the names of its classes, by index
     normalized: bool = False  # an encoder's vectors are of unit length
+    instances: tuple[str, ...] = ()  # what a detector gives beside its boxes
 
     @property
     def batch_size(self) -> int:

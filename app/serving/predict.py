@@ -48,7 +48,13 @@ from app.serving.version import ModelVersion
 from app.settings import Settings
 from batching import DynamicBatcher
 from batching.threads import LoopThreads
-from preprocessing import PreparedImage, prepare_normalized, prepare_pixels
+from preprocessing import (
+    InvalidImageError,
+    PreparedImage,
+    TransformConfig,
+    prepare_normalized,
+    prepare_pixels,
+)
 
 Outcome = TypeVar("Outcome")
 
@@ -128,9 +134,9 @@ class Predictor:
                 request.named(version.model)
             engine = admitted.engine
             settings = self.settings
-            facts = ModelFacts(engine.num_classes, engine.transform.crop_size,
+            facts = ModelFacts(engine.num_classes, engine.canvas,
                                settings.images_per_request, settings.max_image_bytes,
-                               engine.task)  # fmt: skip
+                               engine.task, engine.instances)  # fmt: skip
             # What the transport says is checked before a byte of the body is read.
             level = self._priority_level(admitted, request.priority)
             if request.top_k is not None:
@@ -157,6 +163,7 @@ class Predictor:
                 top_k, parsed.dense,
                 _first(parsed.min_score, request.min_score, config.min_score),
                 _first(parsed.max_detections, request.max_detections, config.max_detections),
+                _first(parsed.masks, request.masks),
             )  # fmt: skip
             _detection_limits(ask.min_score, ask.max_detections)
             images = await self._prepare(admitted, parsed.inputs, level)
@@ -175,7 +182,8 @@ class Predictor:
         return InferenceResponse(version.model, str(version.version), predictions,
                                  facts.classes, detail, timings,
                                  version.metrics.observe_stage, engine.task,
-                                 engine.labels, engine.embed_normalize)  # fmt: skip
+                                 engine.labels, engine.embed_normalize,
+                                 engine.instances)  # fmt: skip
 
     def describe(self, model: str, version: str | int | None = None) -> ModelDescription:
         """What a serving version of ``model`` takes and gives (``NotReadyError`` while it
@@ -187,8 +195,8 @@ class Predictor:
                                 headers={"Retry-After": "1"})  # fmt: skip
         versions = [str(number) for number in sorted(self.registry.models.get(model, {}))]
         return ModelDescription(model, versions, engine.backend.name, engine.num_classes,
-                                engine.transform.crop_size, engine.task,
-                                engine.dimensions)  # fmt: skip
+                                engine.canvas, engine.task, engine.dimensions,
+                                engine.instances)  # fmt: skip
 
     def _admit(
         self,
@@ -314,11 +322,10 @@ class Predictor:
                 return [prepare_pixels(image, engine.transform, engine.limits) for image in pixels]
 
             return await self.decoding.run(level, resize)
-        crop = engine.transform.crop_size
-        if tuple(array.shape[1:]) != (3, crop, crop):
-            raise InvalidInputError(f"a tensor must have shape [N, 3, {crop}, {crop}]")
+        if array.ndim != 4 or array.shape[1] != 3:
+            raise InvalidInputError("a tensor must have shape [N, 3, height, width]")
         # Copying and checking megabytes of floats: in a thread, not on the event loop.
-        return await self.decoding.run(level, _normalized_images, array)
+        return await self.decoding.run(level, _normalized_images, array, engine.transform)
 
     async def _predict(
         self,
@@ -343,9 +350,10 @@ class Predictor:
             for image in images:
                 cost = held_bytes(image)
                 item = ImageRequest(image, ask.top_k, ask.dense, ask.min_score,
-                                    ask.max_detections)  # fmt: skip
-                futures.append(batcher.enqueue(item, deadline, cost=cost,
-                                               priority=level))  # fmt: skip
+                                    ask.max_detections, ask.masks)  # fmt: skip
+                # Images share a batch only with images of the same input shape.
+                futures.append(batcher.enqueue(item, deadline, cost=cost, priority=level,
+                                               key=image.canvas))  # fmt: skip
             return await _gather_or_cancel(futures, cancelled)
         finally:
             for future in futures:
@@ -388,6 +396,7 @@ class _Ask:
     dense: bool
     min_score: float
     max_detections: int
+    masks: bool
 
 
 def _first(*values: Any) -> Any:
@@ -410,12 +419,18 @@ def _earlier(first: float | None, second: float | None) -> float | None:
     return first if second is None else min(first, second)
 
 
-def _normalized_images(array: np.ndarray[Any, Any]) -> list[PreparedImage]:
-    """A client's normalised tensor ``[N, 3, crop, crop]``: its own copy, finite throughout."""
+def _normalized_images(
+    array: np.ndarray[Any, Any], transform: TransformConfig
+) -> list[PreparedImage]:
+    """A client's normalised tensor ``[N, 3, H, W]`` (the model's canvas): its own copy,
+    finite throughout."""
     values = torch.from_numpy(np.array(array, dtype=np.float32))
     if not torch.isfinite(values).all():
         raise InvalidInputError("the tensor holds NaN or infinite values")
-    return [prepare_normalized(image) for image in values]
+    try:
+        return [prepare_normalized(image, transform) for image in values]
+    except InvalidImageError as exc:
+        raise InvalidInputError(str(exc)) from None
 
 
 def _level(config: ModelConfig, priority: int | None) -> int:

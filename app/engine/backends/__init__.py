@@ -2,13 +2,11 @@
 
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
 from pathlib import Path
-from typing import Any
 
 import torch
 
-from app.engine.backends.base import Backend
+from app.engine.backends.base import Backend, Decode
 from app.engine.backends.pytorch import TorchBackend
 from app.engine.backends.sharded import ShardedBackend
 
@@ -33,7 +31,7 @@ def open_runtime(
     classes: int,
     device: torch.device | None = None,
     concurrent_batches: int = 1,
-    decode: Callable[[Sequence[torch.Tensor]], Any] | None = None,
+    decode: Decode | None = None,
     box_head: Path | None = None,
 ) -> Backend:
     """The runtime ``name`` serving the artefact at ``path``: the one way to open one, whether
@@ -67,16 +65,12 @@ def sharded_backend(backend: Backend, shards: int, threads_each: int) -> Sharded
     return ShardedBackend(backend, part, shards, threads_each)
 
 
-def _decoding(
-    backend: Backend,
-    decode: Callable[[Sequence[torch.Tensor]], Any] | None,
-    box_head: Path | None,
-) -> Backend:
+def _decoding(backend: Backend, decode: Decode | None, box_head: Path | None) -> Backend:
     """``backend`` with a detector's ``decode``, its ``box_head`` graph run by ``backend``."""
     if box_head is not None:
-        from app.engine.tasks.rcnn import RcnnDecode
+        from app.engine.tasks.adapters import DetectorDecoding
 
-        if not isinstance(decode, RcnnDecode):
+        if not isinstance(decode, DetectorDecoding) or not decode.two_stage:
             raise ValueError("a box head is run for a two-stage detector's decoding")
         decode = decode.with_box_head(backend.open_graph(box_head))
         backend.box_head = box_head

@@ -14,6 +14,10 @@ from typing import Any
 
 import torch
 
+ImageSizes = Sequence[tuple[int, int]]
+# A detector's decoding: the graph's outputs, the batch's canvas, each image's size in it.
+Decode = Callable[[Sequence[torch.Tensor], tuple[int, int], ImageSizes | None], Any]
+
 
 class Backend(ABC):
     """Executes the model's forward pass on a ready input batch.
@@ -51,22 +55,27 @@ class Backend(ABC):
         return "default"
 
     # A detector's decoding (anchors, boxes, suppression), which PyTorch runs on the outputs
-    # of the graph a runtime serves (``tasks.adapters.DetectorParts``).
-    decode: Callable[[Sequence[torch.Tensor]], Any] | None = None
+    # of the graph a runtime serves, for the batch's canvas and each image's size in it
+    # (``tasks.adapters.DetectorParts``).
+    decode: Decode | None = None
     # A second graph of the model that the runtime runs for ``decode`` (a Faster R-CNN's box
     # head), where there is one.
     box_head: Path | None = None
 
     @abstractmethod
-    def forward(self, batch: torch.Tensor) -> Any:
+    def forward(self, batch: torch.Tensor, sizes: ImageSizes | None = None) -> Any:
         """The model's output for ``batch``: logits ``[rows, classes]``, features, a mask's
         logits, or a detector's ``(boxes, scores, labels)`` (called under
-        ``torch.inference_mode``, one call at a time, on the compute stream on CUDA)."""
+        ``torch.inference_mode``, one call at a time, on the compute stream on CUDA).
+        ``sizes``: each image's ``(height, width)`` in the batch's canvas, for a detector that
+        keeps its boxes inside each image (None: each fills the canvas)."""
 
-    def finished(self, outputs: Sequence[torch.Tensor]) -> Any:
+    def finished(
+        self, outputs: Sequence[torch.Tensor], batch: torch.Tensor, sizes: ImageSizes | None
+    ) -> Any:
         """A runtime's graph outputs as the model's output: decoded, or its one tensor."""
         if self.decode is not None:
-            return self.decode(outputs)
+            return self.decode(outputs, (int(batch.shape[-2]), int(batch.shape[-1])), sizes)
         (output,) = outputs
         return output
 

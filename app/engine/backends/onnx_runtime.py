@@ -21,7 +21,7 @@ from typing import Any
 import numpy as np
 import torch
 
-from app.engine.backends.base import Backend
+from app.engine.backends.base import Backend, ImageSizes
 from app.engine.errors import MissingExtraError, StartupError
 from app.engine.model.export import INPUT_NAME, OUTPUT_NAME
 
@@ -91,11 +91,11 @@ class OnnxRuntimeBackend(Backend):
         used = self.session.get_providers()
         return used[0].removesuffix("ExecutionProvider").lower() if used else "cpu"
 
-    def forward(self, batch: torch.Tensor) -> Any:
+    def forward(self, batch: torch.Tensor, sizes: ImageSizes | None = None) -> Any:
         batch = batch.contiguous()
         if self.device.type != "cuda":
             outputs = self.session.run(self._outputs, {INPUT_NAME: batch.numpy()})
-            return self.finished([torch.from_numpy(each) for each in outputs])
+            return self.finished([torch.from_numpy(each) for each in outputs], batch, sizes)
         # ONNX Runtime runs on a stream of its own: let the inputs' copies end first (its Run
         # returns once the logits are written).
         torch.cuda.current_stream(self.device).synchronize()
@@ -107,7 +107,7 @@ class OnnxRuntimeBackend(Backend):
         binding.bind_output(OUTPUT_NAME, self._device_type, self._device_id, np.float32,
                             tuple(logits.shape), logits.data_ptr())  # fmt: skip
         self.session.run_with_iobinding(binding)
-        return self.finished([logits])
+        return self.finished([logits], batch, sizes)
 
     def for_parts(self, parts: int, threads_each: int) -> Backend:
         # A session runs concurrent calls (each on the calling thread and its own pool).

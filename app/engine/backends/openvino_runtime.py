@@ -23,7 +23,7 @@ from typing import Any
 import numpy as np
 import torch
 
-from app.engine.backends.base import Backend
+from app.engine.backends.base import Backend, ImageSizes
 from app.engine.model.export import import_openvino
 
 _PRECISION_HINTS = {"fp32": "f32", "bf16": "bf16", "int8": "f32"}
@@ -62,8 +62,8 @@ class OpenVinoBackend(Backend):
     def variant(self) -> str:
         return self.hint.lower()
 
-    def forward(self, batch: torch.Tensor) -> Any:
-        return self.finished(_infer(self._requests, [batch], self._outputs))
+    def forward(self, batch: torch.Tensor, sizes: ImageSizes | None = None) -> Any:
+        return self.finished(_infer(self._requests, [batch], self._outputs), batch, sizes)
 
     def for_parts(self, parts: int, threads_each: int) -> Backend:
         # One stream per part: OpenVINO shares its threads out among the streams.

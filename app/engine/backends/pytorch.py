@@ -9,7 +9,7 @@ from typing import Any
 import torch
 from torch import nn
 
-from app.engine.backends.base import Backend
+from app.engine.backends.base import Backend, ImageSizes
 from app.engine.device import NAMES
 from app.engine.model.compile import optimize
 from app.engine.pipeline.graphs import CudaGraphs
@@ -62,6 +62,8 @@ class TorchBackend(Backend):
         self.path: Path | None = None
         if self.compile_mode == "torchscript" and compiled_artifact is not None:
             self.path = compiled_artifact if compiled_artifact.is_file() else None
+        # A detector that keeps each image's boxes inside it is told their sizes.
+        self._takes_sizes = bool(getattr(self.model, "takes_sizes", False))
         self._capture = cuda_graphs and device.type == "cuda"
         self._graphs: CudaGraphs | None = None
         self.fixed_shapes = self._capture or self.compile_mode == "inductor"
@@ -89,11 +91,12 @@ class TorchBackend(Backend):
             raise NotImplementedError("on a GPU, or padded to buckets, a batch runs whole")
         return self
 
-    def forward(self, batch: torch.Tensor) -> torch.Tensor:
+    def forward(self, batch: torch.Tensor, sizes: ImageSizes | None = None) -> Any:
         if self._graphs is not None:
             return self._graphs.run(batch)
-        logits: torch.Tensor = self.model(batch)
-        return logits
+        if self._takes_sizes:
+            return self.model(batch, sizes)
+        return self.model(batch)
 
     def options(self) -> dict[str, Any]:
         return {**super().options(), "threads": torch.get_num_threads()}

@@ -31,7 +31,7 @@ from typing import Any
 import torch
 from torch.nn.functional import pad
 
-from app.engine.backends.base import Backend
+from app.engine.backends.base import Backend, ImageSizes
 
 # Pieces of a batch per thread: a thread that other work slows down (a request's decoding, the
 # event loop) leaves more of them to the others instead of holding the whole batch back (SSDlite
@@ -72,19 +72,21 @@ class ShardedBackend(Backend):
     def variant(self) -> str:
         return self.whole.variant
 
-    def forward(self, batch: torch.Tensor) -> Any:
+    def forward(self, batch: torch.Tensor, sizes: ImageSizes | None = None) -> Any:
         rows = batch.shape[0]
         if rows < self.shards:
-            return self.whole.forward(batch)
-        pieces = torch.split(batch, -(-rows // (PIECES_PER_THREAD * self.shards)))
+            return self.whole.forward(batch, sizes)
+        step = -(-rows // (PIECES_PER_THREAD * self.shards))
+        pieces = torch.split(batch, step)
         answers: list[Any] = [None] * len(pieces)
         taken = itertools.count()  # next() is atomic: each piece is taken once
         failed = threading.Event()
 
         def work() -> None:
             while not failed.is_set() and (index := next(taken)) < len(pieces):
+                mine = None if sizes is None else sizes[index * step : (index + 1) * step]
                 try:
-                    answers[index] = self.part.forward(pieces[index])
+                    answers[index] = self.part.forward(pieces[index], mine)
                 except BaseException:
                     failed.set()  # the batch has failed: the others take no more pieces
                     raise
@@ -126,8 +128,11 @@ def joined(parts: Sequence[Any]) -> Any:
         return torch.cat(list(parts))
     if isinstance(first, Mapping):
         return {key: joined([each[key] for each in parts]) for key in first}
-    if isinstance(first, tuple):  # a detector's padded (boxes, scores, labels)
-        return tuple(_padded_cat([each[index] for each in parts]) for index in range(len(first)))
+    if isinstance(first, tuple):  # a detector's padded (boxes, scores, labels, ...)
+        joined_parts: list[Any] = [None if first[index] is None else
+                        _padded_cat([each[index] for each in parts])
+                        for index in range(len(first))]  # fmt: skip
+        return type(first)(*joined_parts) if hasattr(first, "_fields") else tuple(joined_parts)
     if isinstance(first, list):  # one answer per image (torchvision's detectors)
         return [answer for each in parts for answer in each]
     raise TypeError(f"cannot join the parts of a batch's {type(first).__name__} output")

@@ -14,7 +14,10 @@ at least half of that: a box fp32 scores 0.52 and INT8 0.48 is the same answer, 
 - ``reference_boxes`` and ``candidate_boxes``: how many were judged; too few reference boxes
   and there is nothing to judge by;
 - ``tied_boxes``: boxes not judged, missed by the other side where they tie with the last
-  box it served (within ``tie``): which of equal scores make the last places is rounding.
+  box it served (within ``tie``): which of equal scores make the last places is rounding;
+- an instance segmenter's ``mask_iou``: the mean IoU of the masks of the reference's judged
+  boxes with the masks of the boxes that found them; a keypoint detector's
+  ``keypoint_distance``: the mean distance in pixels of their keypoints.
 """
 
 from __future__ import annotations
@@ -36,16 +39,22 @@ def compare_detections(
     tie: float = 0.0,
 ) -> dict[str, Any]:
     """The figures above, pooled over every image. A box one side misses is not held against
-    it when its score is within ``tie`` of the lowest score that side served: which of near-
-    equal boxes make the last places is rounding (a model with random weights scores every
-    anchor alike)."""
+    it when its score ties, within ``tie``, with the lowest score that side served (its cut):
+    which of near-equal boxes make the last places is rounding (a model with random weights
+    scores every anchor alike). A missed box that scores below the cut by more than that is a
+    miss: a side that answers only its best few boxes loses the others."""
     if len(reference) != len(candidate):
         raise ValueError(f"{len(reference)} reference answers against {len(candidate)}")
     recall, precision = _Tally(), _Tally()
     for ref, cand in zip(reference, candidate, strict=True):
         recall.add(ref, cand, min_score, tie)
         precision.add(cand, ref, min_score, tie)
-    return {
+    instances: dict[str, Any] = {}
+    if recall.mask_ious:
+        instances["mask_iou"] = float(np.mean(recall.mask_ious))
+    if recall.distances:
+        instances["keypoint_distance"] = float(np.mean(recall.distances))
+    return instances | {
         "images": len(reference),
         "judged_from_score": min_score,
         "reference_boxes": recall.judged,
@@ -65,6 +74,8 @@ class _Tally:
         self.judged = self.found = self.tied = 0
         self.ious: list[float] = []
         self.score_differences: list[float] = []
+        self.mask_ious: list[float] = []
+        self.distances: list[float] = []
 
     def add(self, ours: Detected, theirs: Detected, min_score: float, tie: float) -> None:
         judged = np.flatnonzero(ours.scores >= min_score)
@@ -72,7 +83,9 @@ class _Tally:
         found = {r for r, _, _ in pairs}
         last = float(theirs.scores.min()) if len(theirs) else -np.inf
         tied = (
-            sum(1 for r in judged if r not in found and ours.scores[r] <= last + tie) if tie else 0
+            sum(1 for r in judged if r not in found and abs(ours.scores[r] - last) <= tie)
+            if tie
+            else 0
         )
         self.judged += len(judged) - tied
         self.tied += tied
@@ -80,10 +93,26 @@ class _Tally:
         self.ious += [iou for _, _, iou in pairs]
         self.score_differences += [abs(float(ours.scores[r] - theirs.scores[c]))
                                    for r, c, _ in pairs]  # fmt: skip
+        if ours.masks is not None and theirs.masks is not None and pairs:
+            from pycocotools import mask as coco
+
+            ious = coco.iou([_rle(ours.masks[r]) for r, _, _ in pairs],
+                            [_rle(theirs.masks[c]) for _, c, _ in pairs],
+                            [0] * len(pairs))  # fmt: skip
+            self.mask_ious += [float(ious[index, index]) for index in range(len(pairs))]
+        if ours.keypoints is not None and theirs.keypoints is not None:
+            for r, c, _ in pairs:
+                apart = ours.keypoints[r, :, :2] - theirs.keypoints[c, :, :2]
+                self.distances.append(float(np.linalg.norm(apart, axis=1).mean()))
 
     @property
     def share(self) -> float | None:
         return min(1.0, self.found / self.judged) if self.judged else None
+
+
+def _rle(mask: dict[str, Any]) -> dict[str, Any]:
+    """A run-length mask as pycocotools reads it (its counts as bytes)."""
+    return {"size": mask["size"], "counts": mask["counts"].encode("ascii")}
 
 
 def _matches(

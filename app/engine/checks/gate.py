@@ -88,8 +88,8 @@ def eager_reference(
     reference every other configuration is judged against (answering as ``like`` does, or
     with the server's suppression at ``nms_iou``)."""
     module = copy.deepcopy(loaded.module) if module is None else module
-    crop = loaded.transform.crop_size
-    backend = TorchBackend(module.float(), torch.device("cpu"), torch.float32, (3, crop, crop))
+    backend = TorchBackend(module.float(), torch.device("cpu"), torch.float32,
+                           (3, *loaded.transform.example_canvas))  # fmt: skip
     return engine_for(loaded, backend, like, nms_iou)
 
 

@@ -52,7 +52,12 @@ Rate = Callable[[Backend, tuple[int, int, int], int, float], float]
 
 
 def side_by_side(
-    first: Backend, second: Backend, input_shape: tuple[int, int, int], rows: int, rounds: int = 3
+    first: Backend,
+    second: Backend,
+    input_shape: tuple[int, int, int],
+    rows: int,
+    rounds: int = 3,
+    rate: Rate = images_per_second,
 ) -> tuple[float, float]:
     """Both backends' forward rates, measured in turn ``rounds`` times, the best of each: the
     machine's other work only ever slows a measurement down, so the best is the least
@@ -60,7 +65,7 @@ def side_by_side(
     rates: tuple[list[float], list[float]] = ([], [])
     for _ in range(rounds):
         for backend, measured in zip((first, second), rates, strict=True):
-            measured.append(images_per_second(backend, input_shape, rows))
+            measured.append(rate(backend, input_shape, rows, 0.3))
     return max(rates[0]), max(rates[1])
 
 

@@ -11,6 +11,7 @@ from pathlib import Path
 from typing import Any
 
 from app.engine.checks.gate import eager_reference, engine_for
+from app.engine.checks.precision import Rate, images_per_second
 from app.engine.checks.task_gate import figure_names, gate_answers, gate_compare
 from app.engine.errors import UngatedModelError
 from app.engine.int8.int8_class import this_cpu
@@ -40,13 +41,16 @@ def int8_ready(config: ModelConfig, loaded: LoadedModel) -> bool:
     return path is not None and bool(judge_stored(config, loaded, path)["passed"])
 
 
-def gated_int8(config: ModelConfig, loaded: LoadedModel) -> tuple[Path, dict[str, Any]]:
+def gated_int8(
+    config: ModelConfig, loaded: LoadedModel, rate: Rate = images_per_second
+) -> tuple[Path, dict[str, Any]]:
     """The INT8 artefact for this backend, only if its accuracy report holds here (see
-    ``int8_report``), with what ``/v1/models`` shows of the report."""
+    ``int8_report``), with what ``/v1/models`` shows of the report; ``rate`` measures speed
+    where one is built now."""
     key = int8_key(loaded, config.backend)
     path = int8_artifact(config.artifacts_dir, loaded, config.backend)
     if config.calibration_dir is not None:  # built now unless made from these images
-        path = build_int8(config, loaded, config.calibration_dir)
+        path = build_int8(config, loaded, config.calibration_dir, rate=rate)
     if path is None:
         raise UngatedModelError(
             f"no INT8 model for {loaded.name} under {key.path(config.artifacts_dir)}: build "

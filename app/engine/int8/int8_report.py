@@ -85,14 +85,7 @@ def _stamp(path: Path) -> tuple[tuple[int, int], ...]:
 
 
 def preprocessing(loaded: LoadedModel) -> dict[str, Any]:
-    transform = loaded.transform
-    return {
-        "resize_size": transform.resize_size,
-        "crop_size": transform.crop_size,
-        "mean": list(transform.mean),
-        "std": list(transform.std),
-        "interpolation": transform.interpolation.value,
-    }
+    return loaded.transform.as_dict()
 
 
 def runtime_version(backend: str) -> str:

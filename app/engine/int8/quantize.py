@@ -37,7 +37,7 @@ from PIL import Image, ImageEnhance, ImageOps
 
 from app.engine.backends import Backend, open_runtime
 from app.engine.checks.gate import eager_reference, engine_for, probabilities
-from app.engine.checks.precision import side_by_side
+from app.engine.checks.precision import Rate, images_per_second, side_by_side
 from app.engine.checks.task_gate import gate_answers, gate_compare, too_few_to_judge
 from app.engine.errors import StartupError
 from app.engine.int8.int8_class import Int8Class, this_cpu
@@ -134,11 +134,14 @@ def calibration_batches(
     transform = loaded.transform
     limits = ImageLimits(resize_size=transform.resize_size)
     for start in range(0, len(images), batch_size):
-        crops = [
-            prepare(data, transform, limits).pixels for data in images[start : start + batch_size]
-        ]
-        batch = torch.empty((len(crops), *input_shape(loaded)), dtype=torch.float32)
-        normalize_into([crop for crop in crops if crop is not None], batch, transform)
+        prepared = [prepare(data, transform, limits) for data in images[start : start + batch_size]]
+        # Each image on its canvas, as the server places it (a model whose canvas follows the
+        # image's shape: batch_size 1 gives each its own).
+        height = max(each.canvas[0] for each in prepared)
+        width = max(each.canvas[1] for each in prepared)
+        batch = torch.empty((len(prepared), input_shape(loaded)[0], height, width))
+        pixels = [each.pixels for each in prepared if each.pixels is not None]
+        normalize_into(pixels, batch, transform, [each.placement for each in prepared])
         yield batch.numpy()
 
 
@@ -260,12 +263,14 @@ def build_int8(
     recipe: str | None = None,
     rebuild: bool = False,
     target: Int8Class | None = None,
+    rate: Rate = images_per_second,
 ) -> Path:
     """Make the INT8 artefact for ``config.backend`` with its gate report. One made from the
     same images (and recipe, if one is named) is reused unless ``rebuild``; one made from
     others is replaced. ``recipe`` tries that recipe alone instead of the CPU's order;
     ``target`` takes the recipes of another CPU class (the gate still judges on this CPU, and
-    the target's start-up judges again on its own)."""
+    the target's start-up judges again on its own); ``rate`` measures a backend's speed (the
+    machine's, unless a caller knows better)."""
     root = config.artifacts_dir
     key = int8_key(loaded, config.backend)
     runtime_file = OPENVINO_FILE if config.backend == "openvino" else ONNX_FILE
@@ -318,9 +323,9 @@ def build_int8(
             answers = gate_answers(engine_for(loaded, backend, nms_iou=nms_iou), judged_on)
             figures = gate_compare(loaded.task, reference, answers, bounds)
             figures["bounds"] = asdict(bounds)
-            fp32_rate, rate = side_by_side(fp32_backend, backend, input_shape(loaded),
-                                           SPEED_BATCH)  # fmt: skip
-            figures |= {"recipe": name, "images_per_second": rate,
+            fp32_rate, int8_rate = side_by_side(fp32_backend, backend, input_shape(loaded),
+                                                SPEED_BATCH, rate=rate)  # fmt: skip
+            figures |= {"recipe": name, "images_per_second": int8_rate,
                         "fp32_images_per_second": fp32_rate}  # fmt: skip
             figures["failures"] = int8_failures(figures, bounds)
             figures["passed"] = not figures["failures"]
@@ -328,7 +333,7 @@ def build_int8(
             logger.info("INT8 recipe %s: %s", name, _summary(figures))
             if chosen is None or figures["passed"]:
                 chosen = (candidate, figures)  # the first is kept when none passes
-            if figures["passed"] or (rate < fp32_rate and not gate_verdict(figures, bounds)):
+            if figures["passed"] or (int8_rate < fp32_rate and not gate_verdict(figures, bounds)):
                 break  # accurate but slower: more layers in fp32 would only run slower
             if too_few_to_judge(figures, bounds):
                 break  # fp32's answers on the gate images judge no recipe

@@ -85,6 +85,7 @@ def card_path(config: ModelConfig) -> Path | None:
         "image_size": config.image_size,
         "resize_size": config.resize_size,
         "task": config.task,
+        "fit": config.fit,
         "versions": {name: _version(name) for name in ("torch", "torchvision")},
         "code": code_fingerprint(),
     }
@@ -109,18 +110,22 @@ class ModelCard(BaseModel):
     checkpoint_sha256: str | None = None
     task: str = "classify"
     dimensions: int = 0
+    instances: list[str] = []
+
+
+class StaleCardError(ModelLoadError):
+    """A card's model, built, holds other weights than the card says (its checkpoint was
+    replaced under the same size and modification time): the start builds from the checkpoint
+    instead, and keeps a new card."""
 
 
 def keep_card(path: Path, loaded: LoadedModel, digest: str, checkpoint: Path | None) -> None:
-    transform = loaded.transform
     keep_json(path, {
         "name": loaded.name, "weights": loaded.weights, "digest": digest,
         "labels": list(loaded.labels),
-        "transform": {"crop_size": transform.crop_size, "resize_size": transform.resize_size,
-                      "mean": list(transform.mean), "std": list(transform.std),
-                      "interpolation": transform.interpolation.value,
-                      "letterbox": transform.letterbox},
+        "transform": loaded.transform.as_dict(),
         "task": loaded.task, "dimensions": loaded.dimensions,
+        "instances": list(loaded.instances),
         "checkpoint_sha256": file_sha256(checkpoint) if checkpoint is not None else None,
     })  # fmt: skip
 
@@ -137,11 +142,9 @@ def from_card(
         return None
     try:
         values = card.transform
-        transform = TransformConfig(
-            crop_size=int(values["crop_size"]), resize_size=int(values["resize_size"]),
-            mean=tuple(values["mean"]), std=tuple(values["std"]),
-            interpolation=values["interpolation"], letterbox=bool(values.get("letterbox")),
-        )  # fmt: skip
+        if set(values) != set(TransformConfig.__dataclass_fields__):
+            raise ValueError("a transform of another version")
+        transform = TransformConfig(**values)
     except (KeyError, TypeError, ValueError):
         logger.warning("ignoring the unreadable model card %s", path)
         return None
@@ -152,9 +155,9 @@ def from_card(
     def checked_build() -> nn.Module:
         module = build()
         if weights_digest(module) != digest:
-            raise ModelLoadError(
+            raise StaleCardError(
                 f"the model card {path} no longer describes {name} as these config build it "
-                f"(its weights changed): remove the card"
+                f"(its weights changed)"
             )
         return module
 
@@ -164,7 +167,8 @@ def from_card(
     logger.info("model %s from its card (%s): built only if needed", name, path)
     return LoadedModel(name, None, weights, tuple(card.labels), transform, build=checked_build,
                        digest=digest, content=content, task=card.task,
-                       dimensions=card.dimensions)  # fmt: skip
+                       dimensions=card.dimensions,
+                       instances=tuple(card.instances))  # fmt: skip
 
 
 def load_described(

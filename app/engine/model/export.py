@@ -49,12 +49,30 @@ def export_onnx(
     input_shape: tuple[int, int, int],
     path: Path,
     outputs: tuple[str, ...] = (OUTPUT_NAME,),
+    any_canvas: int | None = None,
 ) -> None:
     """Write ``module`` (fp32, on the CPU) to ``path`` with a dynamic batch axis, its outputs
-    named ``outputs`` (one, the logits, but for a detector's graph)."""
+    named ``outputs`` (one, the logits, but for a detector's graph); with ``any_canvas``, a
+    dynamic height and width too, multiples of it (a model whose input follows each image's
+    size)."""
     example = torch.randn((2, *input_shape), generator=torch.Generator().manual_seed(0))
-    batch = torch.export.Dim("batch", min=1, max=4096)
-    export_graph(module, (example,), path, (INPUT_NAME,), outputs, ({0: batch},))
+    axes: dict[int, Any] = {0: torch.export.Dim("batch", min=1, max=4096)}
+    if any_canvas is not None:
+        axes.update(canvas_axes(any_canvas))
+    export_graph(module, (example,), path, (INPUT_NAME,), outputs, (axes,))
+
+
+def canvas_axes(divisible: int) -> dict[int, Any]:
+    """A dynamic height and width for the exporter: multiples of ``divisible`` (any size, for
+    1), from a few pixels to 8192."""
+    axes: dict[int, Any] = {}
+    for axis, name in ((2, "height"), (3, "width")):
+        if divisible > 1:
+            axes[axis] = divisible * torch.export.Dim(f"{name}_blocks", min=1,
+                                                      max=8192 // divisible)  # fmt: skip
+        else:
+            axes[axis] = torch.export.Dim(name, min=8, max=8192)
+    return axes
 
 
 def export_graph(

@@ -26,16 +26,30 @@ import torch
 from torch import nn
 
 from app.engine.model.artifacts import weights_digest
-from app.engine.tasks import default_size, letterboxed, resolve_task
-from app.engine.tasks.adapters import SegmenterLogits, TorchvisionDetector, without_head
-from app.engine.tasks.outputs import OutputMismatchError, mismatch, output_size
+from app.engine.tasks import Task, default_size, own_fit, resolve_task
+from app.engine.tasks.adapters import (
+    SegmenterLogits,
+    TorchvisionDetector,
+    input_transform,
+    torchvision_detector,
+    torchvision_segmenter,
+    without_head,
+)
+from app.engine.tasks.outputs import (
+    OutputMismatchError,
+    instances_of,
+    mismatch,
+    output_size,
+)
 from app.first_try import EMBEDDED, embedded_available
-from preprocessing import TransformConfig
+from preprocessing import Fit, TransformConfig
 from preprocessing.transforms import Interpolation
 
 logger = logging.getLogger("batchserve")
 
 RANDOM = "random"
+# A segmenter's mask is answered as 16-bit class indices (a PNG of mode I;16).
+MOST_CLASSES = 65_536
 _CHECKPOINT_KEYS = ("state_dict", "model_state_dict", "model", "module", "net")
 _WRAPPER_PREFIXES = ("module.", "_orig_mod.")
 
@@ -95,6 +109,7 @@ class LoadedModel:
         content: ContentCheck | None = None,
         task: str = "classify",
         dimensions: int = 0,
+        instances: tuple[str, ...] = (),
     ) -> None:
         if module is None and build is None:
             raise ValueError("a module, or a way to build it")
@@ -105,6 +120,8 @@ class LoadedModel:
         self.digest = digest
         self.task = task
         self.dimensions = dimensions  # an encoder's (``task`` embed)
+        # What a detector gives of each box beside it: ``masks``, ``keypoints``.
+        self.instances = instances
         self._module = module
         self._build = build
         self._content = content
@@ -127,7 +144,7 @@ class LoadedModel:
         return LoadedModel(
             self.name, None, self.weights, self.labels, self.transform,
             build=lambda: copy.deepcopy(self.module), digest=self.digest, task=self.task,
-            dimensions=self.dimensions,
+            dimensions=self.dimensions, instances=self.instances,
         )  # fmt: skip
 
 
@@ -135,6 +152,8 @@ class LoadedModel:
 class _Preset:
     transform: TransformConfig
     categories: tuple[str, ...] | None
+    # Whether the transform is a library's own (torchvision's weights), not a default.
+    own: bool = False
 
 
 def load_model(
@@ -144,9 +163,12 @@ def load_model(
     image_size: int | None = None,
     resize_size: int | None = None,
     task: str = "auto",
+    fit: str = "auto",
 ) -> LoadedModel:
     """Load ``name`` (a torchvision classification, detection or segmentation model, or
-    ``package.module:factory``) for ``task`` (``auto``: inferred from the name).
+    ``package.module:factory``) for ``task`` (``auto``: inferred from the name, or from the
+    module a factory returns), fitting images to it as its library does unless ``fit`` says
+    otherwise (``transform_for``).
 
     ``weights``: ``pretrained`` (the model's default pretrained weights, from the torch hub
     cache or downloaded, else ``ModelLoadError``), ``auto`` (the same, else random weights with
@@ -163,17 +185,14 @@ def load_model(
         # An encoder needs no classes: the head it loses is the pretrained one.
         wanted = None if served == "embed" else labels
         module, weights_used, preset = _load_torchvision(name, weights, wanted)
-    size = image_size or default_size(served, name)
-    if ":" not in name:
-        module = _adapted(module, served, name)
+    if task == "auto":
+        served = _task_of(module) or served
+    module = _adapted(module, served, name)
     if served == "segment":
         module = SegmenterLogits(module)
     module.eval()
-    transform = _transform(preset.transform, size, resize_size, letterbox=letterboxed(served))
-    if isinstance(module, TorchvisionDetector):
-        transform = dataclasses.replace(transform, mean=module.statistics[0],
-                                        std=module.statistics[1])  # fmt: skip
-    outputs = _count_outputs(module, transform.crop_size, name, served)
+    transform = transform_for(module, preset, served, image_size, resize_size, fit, name)
+    outputs, instances = _count_outputs(module, transform, name, served)
     if served in ("classify", "segment"):
         final_labels = _labels(labels, preset.categories, outputs, labels_path)
     elif served == "detect":
@@ -181,14 +200,22 @@ def load_model(
     else:
         final_labels = ()
     return LoadedModel(name, module, weights_used, final_labels, transform, task=served,
-                       dimensions=outputs if served == "embed" else 0)  # fmt: skip
+                       dimensions=outputs if served == "embed" else 0,
+                       instances=instances)  # fmt: skip
+
+
+def _task_of(module: nn.Module) -> Task | None:
+    """The task of one of torchvision's detectors or segmenters, whoever built it."""
+    if torchvision_detector(module):
+        return "detect"
+    return "segment" if torchvision_segmenter(module) else None
 
 
 def _adapted(module: nn.Module, task: str, name: str) -> nn.Module:
     """A torchvision model made to take the server's batch for its task."""
-    if task == "detect":
+    if task == "detect" and torchvision_detector(module):
         return TorchvisionDetector(module)
-    if task == "embed":
+    if task == "embed" and ":" not in name:
         try:
             return without_head(module, name)
         except ValueError as exc:
@@ -365,6 +392,9 @@ def _cache_path(weights: Any) -> str:
 
 
 def _preset(weights: Any) -> _Preset:
+    """What the weights' ``transforms()`` does: a classifier's resize and centre crop, a
+    segmenter's resize of the whole image (``SemanticSegmentation``), with their statistics,
+    interpolation and antialiasing; a detector's transform is its model's own."""
     transform = weights.transforms()
     categories = weights.meta.get("categories")
     mode = getattr(transform, "interpolation", None)  # torchvision's InterpolationMode
@@ -372,15 +402,20 @@ def _preset(weights: Any) -> _Preset:
     def first(value: Any) -> int:
         return int(value[0] if isinstance(value, list | tuple) else value)
 
+    resize = first(getattr(transform, "resize_size", 256))
+    whole = type(transform).__name__ == "SemanticSegmentation"
     return _Preset(
         TransformConfig(
-            crop_size=first(getattr(transform, "crop_size", 224)),
-            resize_size=first(getattr(transform, "resize_size", 256)),
+            crop_size=resize if whole else first(getattr(transform, "crop_size", 224)),
+            resize_size=resize,
             mean=tuple(getattr(transform, "mean", TransformConfig.mean)),
             std=tuple(getattr(transform, "std", TransformConfig.std)),
             interpolation=Interpolation(mode.value) if mode is not None else Interpolation.BILINEAR,
+            fit=Fit.SHORTER_SIDE if whole else Fit.CENTER_CROP,
+            antialias=bool(getattr(transform, "antialias", True)),
         ),
         tuple(categories) if categories else None,
+        own=True,
     )
 
 
@@ -476,41 +511,82 @@ def _labels(
     return tuple(str(index) for index in range(outputs))
 
 
-def _transform(
-    preset: TransformConfig,
+def transform_for(
+    module: nn.Module,
+    preset: _Preset,
+    task: str,
     image_size: int | None,
     resize_size: int | None,
-    *,
-    letterbox: bool = False,
+    fit: str,
+    name: str,
 ) -> TransformConfig:
-    crop = image_size or preset.crop_size
-    if letterbox:
-        resize_size = crop  # the longer side is fitted to the square: no resize before
-    elif resize_size is None:
-        # Keep the preset's resize/crop ratio (e.g. 232/224) when only the crop is changed.
-        resize_size = round(crop * preset.resize_size / preset.crop_size)
+    """What the model sees: with ``fit`` ``auto``, its library's rule (a torchvision
+    detector's own transform, its weights' ``transforms()``), or for a model of one's own a
+    centre crop (classifiers, encoders) or a letterbox (detectors, segmenters); another
+    ``fit`` replaces that rule, with a warning where it is a library's. ``image_size`` is the
+    size the model sees (the crop, the shorter side, a detector's ``min_size``, the square),
+    ``resize_size`` the shorter side before a centre crop."""
     try:
-        return TransformConfig(crop, resize_size, preset.mean, preset.std, preset.interpolation,
-                               letterbox=letterbox)  # fmt: skip
+        own: TransformConfig | None = preset.transform if preset.own else None
+        if isinstance(module, TorchvisionDetector):
+            own = input_transform(module.model, image_size)
+        chosen = Fit(fit) if fit != "auto" else own.fit if own is not None else Fit(own_fit(task))
+        if own is not None and chosen is own.fit and isinstance(module, TorchvisionDetector):
+            return own
+        if own is not None and chosen is not own.fit:
+            logger.warning(
+                "%s: FIT=%s replaces its library's own rule (%s): its answers will differ "
+                "from its library's", name, chosen, own.fit,
+            )  # fmt: skip
+        base = own or preset.transform
+        if own is not None and image_size is None and chosen.fixed_canvas:
+            image_size = own.crop_size  # the library's own size, in another rule's square
+        return _sized(dataclasses.replace(base, fit=chosen), task, image_size, resize_size)
     except ValueError as exc:
         raise ModelLoadError(str(exc)) from exc
 
 
-def _count_outputs(module: nn.Module, crop_size: int, name: str, task: str) -> int:
+def _sized(
+    base: TransformConfig, task: str, image_size: int | None, resize_size: int | None
+) -> TransformConfig:
+    """``base`` at the sizes asked for (each rule reads them as ``transform_for`` says)."""
+    if base.fit is Fit.CENTER_CROP:
+        crop = image_size or base.crop_size
+        if resize_size is None:
+            # Keep the preset's resize/crop ratio (e.g. 232/224) when only the crop is changed.
+            resize_size = round(crop * base.resize_size / base.crop_size)
+        return dataclasses.replace(base, crop_size=crop, resize_size=resize_size)
+    if base.fit in (Fit.SHORTER_SIDE, Fit.MIN_MAX):
+        side = image_size or base.resize_size
+        return dataclasses.replace(base, crop_size=side, resize_size=side)
+    side = image_size or default_size(task) or base.crop_size
+    return dataclasses.replace(base, crop_size=side, resize_size=side)
+
+
+def _count_outputs(
+    module: nn.Module, transform: TransformConfig, name: str, task: str
+) -> tuple[int, tuple[str, ...]]:
     """The model's classes (or an encoder's dimensions) from a probe batch, checked against
-    what its task must return."""
-    probe = torch.zeros(2, 3, crop_size, crop_size)
+    what its task must return, and what a detector gives beside its boxes (``masks``,
+    ``keypoints``)."""
+    height, width = transform.example_canvas
+    probe = torch.zeros(2, 3, height, width)
     try:
         with torch.inference_mode():
             output = module(probe)
     except OutputMismatchError as exc:  # an adapter read the model's output
         raise ModelLoadError(str(mismatch(task, name, exc))) from None
     except Exception as exc:
-        raise ModelLoadError(f"{name} fails on a {crop_size}x{crop_size} input: {exc}") from exc
+        raise ModelLoadError(f"{name} fails on a {width}x{height} input: {exc}") from exc
     try:
-        return output_size(task, output, name)
+        size = output_size(task, output, name)
     except OutputMismatchError as exc:
         raise ModelLoadError(str(exc)) from None
+    if task == "segment" and size > MOST_CLASSES:
+        raise ModelLoadError(
+            f"{name} has {size} classes; a mask answers at most {MOST_CLASSES} (16-bit indices)"
+        )
+    return size, instances_of(output) if task == "detect" else ()
 
 
 def loaded_digest(loaded: LoadedModel) -> str:

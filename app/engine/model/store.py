@@ -7,12 +7,12 @@ from __future__ import annotations
 
 import copy
 import logging
-from collections.abc import Callable, Sequence
+from collections.abc import Callable
 from pathlib import Path
-from typing import Any
 
 import torch
 
+from app.engine.backends.base import Decode
 from app.engine.device import NAMES
 from app.engine.errors import StartupError
 from app.engine.model.artifacts import ArtifactKey, building, find
@@ -27,7 +27,7 @@ from app.engine.model.export import (
     openvino_exporter,
 )
 from app.engine.model.loading import LoadedModel, loaded_digest
-from app.engine.tasks.adapters import DetectorParts, detector_parts
+from app.engine.tasks.adapters import DetectorDecoding, DetectorParts, detector_parts
 from app.engine.tasks.rcnn import BOX_HEAD_INPUTS, BOX_HEAD_OUTPUTS, RcnnDecode
 
 logger = logging.getLogger("batchserve")
@@ -38,7 +38,14 @@ BOX_HEAD = "-box-head-pooled"  # a two-stage detector's box head, its runtime's 
 
 
 def input_shape(loaded: LoadedModel) -> tuple[int, int, int]:
-    return (3, loaded.transform.crop_size, loaded.transform.crop_size)
+    """One image's input for a 640 x 480 photo: what the model is exported and probed at."""
+    return (3, *loaded.transform.example_canvas)
+
+
+def any_canvas(loaded: LoadedModel) -> bool:
+    """Whether the model's canvas follows each image's size (its export takes any height and
+    width, in multiples of its ``size_divisible``)."""
+    return not loaded.transform.fit.fixed_canvas
 
 
 def torchscript_artifact(
@@ -51,8 +58,10 @@ def torchscript_artifact(
 
 
 def artifact_key(loaded: LoadedModel, precision: str, exporter: str) -> ArtifactKey:
+    # A graph that takes any canvas is another graph than one of a fixed size.
+    shapes = "-any-canvas" if any_canvas(loaded) else ""
     return ArtifactKey(loaded.name, loaded_digest(loaded), loaded.transform.crop_size,
-                       precision, exporter)  # fmt: skip
+                       precision, exporter + shapes)  # fmt: skip
 
 
 def ensure_onnx(root: Path, loaded: LoadedModel) -> Path:
@@ -60,7 +69,8 @@ def ensure_onnx(root: Path, loaded: LoadedModel) -> Path:
 
     def export(out: Path) -> None:
         graph, outputs = exported_graph(loaded)
-        export_onnx(copy.deepcopy(graph), input_shape(loaded), out, outputs)
+        divisible = loaded.transform.size_divisible if any_canvas(loaded) else None
+        export_onnx(copy.deepcopy(graph), input_shape(loaded), out, outputs, divisible)
 
     return _made(root, artifact_key(loaded, "fp32", onnx_exporter()), ONNX_FILE, export,
                  f"exported {loaded.name} to ONNX")  # fmt: skip
@@ -90,18 +100,18 @@ def exported_graph(loaded: LoadedModel) -> tuple[torch.nn.Module, tuple[str, ...
 
 def runtime_parts(loaded: LoadedModel) -> DetectorParts:
     """A detector's parts for a runtime, or the one line that says why it has none."""
-    parts = detector_parts(loaded.module, loaded.transform.crop_size)
+    parts = detector_parts(loaded.module, loaded.transform.example_canvas)
     if parts is None:
         raise StartupError(
             f"{loaded.name} is served by BACKEND=torch (or auto): it answers a list of boxes "
             f"per image, of data-dependent sizes, which an export cannot take (torchvision's "
-            f"SSD, SSDlite, RetinaNet, FCOS, Faster R-CNN and Mask R-CNN, and models returning "
-            f"padded (boxes, scores, labels) tensors run on every backend)"
+            f"SSD, SSDlite, RetinaNet, FCOS, Faster R-CNN, Mask R-CNN and Keypoint R-CNN, and "
+            f"models returning padded (boxes, scores, labels) tensors run on every backend)"
         )
     return parts
 
 
-def runtime_decode(loaded: LoadedModel) -> Callable[[Sequence[torch.Tensor]], Any] | None:
+def runtime_decode(loaded: LoadedModel) -> Decode | None:
     """What PyTorch runs on a runtime's outputs: a detector's decoding of its graph's, none
     for another task's model."""
     return runtime_parts(loaded).decode if loaded.task == "detect" else None
@@ -117,7 +127,7 @@ def ensure_box_head(root: Path, loaded: LoadedModel, backend: str) -> Path | Non
     if parts.box_head is None:
         return None
     path = _made(root, artifact_key(loaded, "fp32", onnx_exporter() + BOX_HEAD), ONNX_FILE,
-                 lambda out: _export_box_head(parts, out),
+                 lambda out: _export_box_head(loaded, parts, out),
                  f"exported the box head of {loaded.name} to ONNX")  # fmt: skip
     if backend != "openvino":
         return path
@@ -126,10 +136,11 @@ def ensure_box_head(root: Path, loaded: LoadedModel, backend: str) -> Path | Non
                  f"converted the box head of {loaded.name} to OpenVINO IR")  # fmt: skip
 
 
-def _export_box_head(parts: DetectorParts, path: Path) -> None:
+def _export_box_head(loaded: LoadedModel, parts: DetectorParts, path: Path) -> None:
     """The box head with a dynamic number of proposals, on six proposals' random features."""
     assert parts.box_head is not None
-    decode = parts.decode
+    assert isinstance(parts.decode, DetectorDecoding)
+    decode = parts.decode.decoder(loaded.transform.example_canvas)
     assert isinstance(decode, RcnnDecode)
     generator = torch.Generator().manual_seed(0)
     pooled = torch.randn((6, *decode.pooled_shape), generator=generator)

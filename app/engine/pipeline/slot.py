@@ -10,6 +10,8 @@ needed and no tensor is freed under a kernel that still uses it.
 
 from __future__ import annotations
 
+import math
+
 import torch
 
 from preprocessing.staging import host_buffer
@@ -19,8 +21,11 @@ class BatchSlot:
     """Buffers for one batch in flight, and the batch's tensors until it is done.
 
     - ``staged``: uint8 crops decoded on the CPU, pinned on CUDA, the source of the copy to the
-      device (written by the host only while this slot's previous batch is over);
-    - ``inputs``: the model's input batch on the device, in its dtype and memory format;
+      device (written by the host only while this slot's previous batch is over), for a model
+      whose every image is fitted to one shape;
+    - ``inputs(rows, canvas)``: the model's input batch on the device, in its dtype and memory
+      format, for images of one canvas: a view of one buffer, made for the model's example
+      canvas and grown when a batch needs more;
     - ``scores`` / ``indices``: flat pinned host buffers; ``readback`` views them as a
       *contiguous* ``[count, k]`` block, so the device-to-host copy is a real asynchronous DMA
       (a copy into a strided pinned view goes through a pageable temporary and blocks the
@@ -42,13 +47,31 @@ class BatchSlot:
         self.rows = rows
         self.stream = stream
         self.staged = host_buffer((rows, *input_shape), torch.uint8, pinned=pinned)
-        memory_format = torch.channels_last if channels_last else torch.contiguous_format
-        self.inputs = torch.empty(
-            (rows, *input_shape), dtype=input_dtype, device=device, memory_format=memory_format
-        )
+        self.channels_last = channels_last
+        self._buffer = torch.empty(rows * math.prod(input_shape), dtype=input_dtype,
+                                   device=device)  # fmt: skip
         self.scores = host_buffer((rows * classes,), torch.float32, pinned=pinned)
         self.indices = host_buffer((rows * classes,), torch.int64, pinned=pinned)
         self._held: list[torch.Tensor] = []
+
+    def reserve(self, rows: int, canvas: tuple[int, int]) -> None:
+        """Make room for ``rows`` images of ``canvas`` (before any is written: a larger buffer
+        is a new one). The slot's previous batch is over: nothing reads the old buffer."""
+        size = rows * 3 * canvas[0] * canvas[1]
+        if size > self._buffer.numel():
+            self._buffer = torch.empty(size, dtype=self._buffer.dtype, device=self._buffer.device)
+
+    def inputs(self, rows: int, canvas: tuple[int, int]) -> torch.Tensor:
+        """``[rows, 3, height, width]`` of the input buffer, in the model's memory format: the
+        same memory for the same canvas, whatever ``rows`` (within what was reserved)."""
+        height, width = canvas
+        size = rows * 3 * height * width
+        if size > self._buffer.numel():
+            raise ValueError(f"{rows} inputs of {width}x{height} were not reserved")
+        flat = self._buffer[:size]
+        if self.channels_last:
+            return flat.view(rows, height, width, 3).permute(0, 3, 1, 2)
+        return flat.view(rows, 3, height, width)
 
     def hold(self, *tensors: torch.Tensor) -> None:
         """Keep these tensors alive until ``clear`` (called after the batch's done event)."""

@@ -1,11 +1,11 @@
-"""What a model answers: its top classes (``classify``), boxes (``detect``), a mask of class
-indices (``segment``) or a vector (``embed``).
+"""What a model answers: its top classes (``classify``), boxes (``detect``, with instance
+masks or keypoints where the model gives them), a mask of class indices (``segment``) or a
+vector (``embed``).
 
-The task travels with the model everywhere: its input geometry (a centre crop for classifiers
-and encoders; a letterbox that keeps the whole image for detectors and segmenters, so that
-images of any size share one batch), what its forward pass must return, and how a batch's
-outputs become each image's answer in the original image's pixels. The batcher, admission
-and the front ends stay blind to it: they carry images in and answers out.
+The task travels with the model everywhere: what its forward pass must return, and how a
+batch's outputs become each image's answer in the original image's pixels. What the model
+sees of an image is its library's rule (``preprocessing.placement``), not the task's. The
+batcher, admission and the front ends stay blind to it: they carry images in and answers out.
 """
 
 from __future__ import annotations
@@ -16,7 +16,7 @@ Task = Literal["classify", "detect", "segment", "embed"]
 TASKS: tuple[Task, ...] = ("classify", "detect", "segment", "embed")
 
 # torchvision's architectures of each task, by the start of their names.
-DETECTORS = ("fasterrcnn_", "retinanet_", "fcos_", "ssd", "maskrcnn_")
+DETECTORS = ("fasterrcnn_", "retinanet_", "fcos_", "ssd", "maskrcnn_", "keypointrcnn_")
 SEGMENTERS = ("deeplabv3_", "fcn_", "lraspp_")
 
 
@@ -36,23 +36,17 @@ def resolve_task(setting: str, model: str) -> Task:
     return "classify"
 
 
-def letterboxed(task: str) -> bool:
-    """Whether the task sees the whole image (letterboxed) rather than its centre crop."""
-    return task in ("detect", "segment")
+def own_fit(task: str) -> str:
+    """How a model of one's own is fitted when ``FIT=auto`` (it brings no rule of a library):
+    a classifier's or an encoder's centre crop; a detector's or a segmenter's letterbox, which
+    keeps the whole image."""
+    return "letterbox" if task in ("detect", "segment") else "center-crop"
 
 
-def default_size(task: str, model: str) -> int | None:
-    """The input side a task's model is served at when ``IMAGE_SIZE`` names none (None: the
-    weights' own preset): detectors by the size in their name (``ssdlite320_...``: 320), else
-    640; segmenters 520, as torchvision's weights are evaluated."""
-    if task == "detect":
-        for size in (300, 320, 512, 640):
-            if str(size) in model:
-                return size
-        return 640
-    if task == "segment":
-        return 520
-    return None
+def default_size(task: str) -> int | None:
+    """The input side of a model of one's own, letterboxed, when ``IMAGE_SIZE`` names none
+    (None: the preset's centre crop): a detector's 640, a segmenter's 520."""
+    return {"detect": 640, "segment": 520}.get(task)
 
 
 def server_nms(task: str, model: str, nms_iou: float) -> float | None:

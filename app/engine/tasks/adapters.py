@@ -1,111 +1,202 @@
 """torchvision's detection and segmentation models, and its classifiers as encoders, made to
-take the server's batch: a normalised, letterboxed ``float[N, 3, S, S]``.
+take the server's batch: normalised images of one canvas, each told its own size.
 
-A torchvision detector (Faster R-CNN, RetinaNet, FCOS, SSD, SSDlite, Mask R-CNN) brings its
-own input transform: it normalises each image with ImageNet's statistics and resizes it to
-its ``min_size`` (800 px for Faster R-CNN), one image at a time. Served here, the server
-normalises with the model's own statistics (ImageNet's, or SSDlite's 0.5 and 0.5) and
-letterboxes to the served size, and the transform is replaced by ``ServedBatch``, which takes
-the batch as it is; its boxes come back in the input's pixels, which the server maps to the
-original image's. It runs its own non-maximum suppression. Its output (a list of dicts, with
-data-dependent sizes) cannot be traced or captured in a CUDA graph, so it runs eagerly.
-Mask R-CNN is served as the detector it is: its boxes, without its mask branch (four
-convolutions on every detection's pooled features, then each mask pasted into the image),
-whose masks a detector's answer does not carry.
+A torchvision detector (Faster R-CNN, Mask R-CNN, Keypoint R-CNN, RetinaNet, FCOS, SSD,
+SSDlite) brings its own input transform, ``GeneralizedRCNNTransform``: each image normalised
+with the model's statistics, resized (the shorter side to ``min_size`` unless the longer would
+pass ``max_size``; SSD's stretched to its ``fixed_size``) bilinearly on the float image without
+antialiasing, padded to a multiple of ``size_divisible``. The server does the same
+(``input_transform`` reads it from the model), images of one padded canvas share a batch, and
+the detector runs as two parts: a graph of fixed arithmetic on the batch (backbone, pyramid,
+heads: what a runtime can run) and what PyTorch runs on its outputs told each image's own size
+(``DetectorDecoding``: anchors, proposals, pooling, box heads, suppression, each image's
+boxes clipped to it), as the model runs them. Boxes, masks and keypoints come back in the
+input's pixels; the server maps them to the original image's.
 """
 
 from __future__ import annotations
 
+import copy
+import threading
 from collections.abc import Callable, Sequence
+from dataclasses import replace
 from typing import Any, NamedTuple
 
 import torch
 from torch import nn
-from torch.nn.functional import pad
 
 from app.engine.tasks.dense import DenseDecode, DenseGraph, dense, head_outputs
-from app.engine.tasks.outputs import Detections, segmentation
-from app.engine.tasks.rcnn import RcnnBoxHead, RcnnDecode, RcnnGraph, two_stage
+from app.engine.tasks.outputs import Detections, detections, segmentation
+from app.engine.tasks.rcnn import BoxHeadRun, RcnnBoxHead, RcnnDecode, RcnnGraph, two_stage
 from app.engine.tasks.ssd import SsdDecode, SsdGraph
+from preprocessing import Fit, TransformConfig
+from preprocessing.transforms import Interpolation
+
+ImageSizes = Sequence[tuple[int, int]]
+
+
+def torchvision_detector(model: Any) -> bool:
+    """Whether ``model`` is one of torchvision's detectors (its own transform, a list of
+    boxes per image)."""
+    return type(model).__name__ in ("SSD", "RetinaNet", "FCOS") or two_stage(model)
+
+
+def torchvision_segmenter(model: Any) -> bool:
+    """Whether ``model`` is one of torchvision's segmenters (DeepLabV3, FCN, LRASPP)."""
+    return type(model).__name__ in ("DeepLabV3", "FCN", "LRASPP")
+
+
+def input_transform(model: Any, size: int | None = None) -> TransformConfig:
+    """A torchvision detector's ``GeneralizedRCNNTransform`` as the server's transform; ``size``
+    (``IMAGE_SIZE``) is its ``min_size`` (or SSD's fixed size), set on the model too, so that
+    the model's own pipeline and the server's agree (torchvision's ``min_size=`` argument)."""
+    transform = model.transform
+    base = TransformConfig(
+        mean=tuple(transform.image_mean), std=tuple(transform.image_std),
+        interpolation=Interpolation.BILINEAR, antialias=False, float_resize=True,
+        size_divisible=int(transform.size_divisible),
+    )  # fmt: skip
+    if transform.fixed_size is not None:
+        width, height = transform.fixed_size
+        if size is not None:
+            width = height = size
+            transform.fixed_size = (size, size)
+        if width != height:
+            raise ValueError(f"a fixed input of {width}x{height} (only squares are served)")
+        return replace(base, crop_size=height, resize_size=height, fit=Fit.STRETCH)
+    if size is not None:
+        transform.min_size = (size,)
+    min_size = int(transform.min_size[-1])
+    return replace(
+        base,
+        crop_size=min_size,
+        resize_size=min_size,
+        fit=Fit.MIN_MAX,
+        max_size=int(transform.max_size),
+    )
 
 
 class TorchvisionDetector(nn.Module):
-    """A torchvision detector taking the server's ``[N, 3, size, size]`` batch."""
+    """A torchvision detector taking the server's batch ``[N, 3, H, W]`` and each image's
+    own size in it: its graph, then its decoding."""
+
+    takes_sizes = True
 
     def __init__(self, model: nn.Module) -> None:
         super().__init__()
-        transform: Any = model.transform  # GeneralizedRCNNTransform
-        # The statistics it was trained with (ImageNet's, or SSDlite's 0.5 and 0.5): the
-        # server normalises with them (``statistics``), so the model must not again.
-        self.statistics = (tuple(transform.image_mean), tuple(transform.image_std))
-        model.transform = ServedBatch(transform)
-        roi_heads: Any = getattr(model, "roi_heads", None)
-        if roi_heads is not None and roi_heads.has_mask():  # Mask R-CNN: boxes are answered
-            roi_heads.mask_roi_pool = roi_heads.mask_head = roi_heads.mask_predictor = None
         self.model = model
-        # SSD and SSDlite: in two parts, their detections taken for the batch at once.
-        self.batched = type(model).__name__ == "SSD"
-        self._decoders: dict[tuple[int, int], SsdDecode | RcnnDecode | DenseDecode] = {}
+        self.graph = detector_graph(model)
+        self.decoding = DetectorDecoding(model)
 
-    def forward(self, batch: torch.Tensor) -> list[dict[str, torch.Tensor]] | Detections:
-        if self.batched:
-            size = (int(batch.shape[-2]), int(batch.shape[-1]))
-            return self.decoder(size)(SsdGraph(self.model)(batch))
-        detected: list[dict[str, torch.Tensor]] = self.model(list(batch))
-        return detected
+    def forward(self, batch: torch.Tensor, sizes: ImageSizes | None = None) -> Detections:
+        canvas = (int(batch.shape[-2]), int(batch.shape[-1]))
+        return self.decoding(self.graph(batch), canvas, sizes)
 
-    def decoder(self, size: tuple[int, int]) -> SsdDecode | RcnnDecode | DenseDecode:
-        """What PyTorch runs of the detector on its graph's outputs for inputs of ``size``,
-        made once per size (SSD's, RetinaNet's and FCOS's anchors, a two-stage detector's
-        feature levels)."""
-        if size not in self._decoders:
-            decode: type[SsdDecode | RcnnDecode | DenseDecode] = RcnnDecode
-            if self.batched:
-                decode = SsdDecode
-            elif dense(self.model):
-                decode = DenseDecode
-            self._decoders[size] = decode(self.model, size)
-        return self._decoders[size]
+
+def detector_graph(model: Any) -> nn.Module:
+    """What of a torchvision detector is fixed arithmetic on the batch: SSD's backbone and
+    heads, RetinaNet's and FCOS's backbone, pyramid and heads, a two-stage detector's backbone
+    and pyramid."""
+    if type(model).__name__ == "SSD":
+        return SsdGraph(model)
+    if dense(model):
+        return DenseGraph(model)
+    return RcnnGraph(model)
+
+
+def graph_outputs(model: Any) -> tuple[str, ...]:
+    """The names of the graph's outputs, in order."""
+    if type(model).__name__ == "SSD":
+        return ("bbox_regression", "cls_logits")
+    if dense(model):
+        return head_outputs(model)
+    levels = RcnnDecode.levels_of(model)
+    return tuple(f"features_{level}" for level in levels)
+
+
+Decoder = SsdDecode | RcnnDecode | DenseDecode
+
+
+class DetectorDecoding:
+    """What PyTorch runs of a torchvision detector on its graph's outputs, for a batch of any
+    canvas: one decoder per canvas (anchors and feature levels follow its size, not the
+    pixels), made when first needed; each image clipped to its own size. ``box_head``: a
+    two-stage detector's box head run elsewhere (a runtime's second graph)."""
+
+    def __init__(self, model: Any, box_head: BoxHeadRun | None = None) -> None:
+        self.model = model
+        self.box_head = box_head
+        self._decoders: dict[tuple[int, int], Decoder] = {}
+        self._lock = threading.Lock()
+
+    def __call__(
+        self, outputs: Sequence[torch.Tensor], canvas: tuple[int, int], sizes: ImageSizes | None
+    ) -> Detections:
+        if sizes is None:  # each image fills the canvas
+            sizes = [canvas] * int(outputs[0].shape[0])
+        return self.decoder(canvas)(outputs, list(sizes))
+
+    def decoder(self, canvas: tuple[int, int]) -> Decoder:
+        decoder = self._decoders.get(canvas)
+        if decoder is None:
+            with self._lock:
+                decoder = self._decoders.get(canvas)
+                if decoder is None:
+                    decoder = self._decoders[canvas] = self._made(canvas)
+        return decoder
+
+    def _made(self, canvas: tuple[int, int]) -> Decoder:
+        if type(self.model).__name__ == "SSD":
+            return SsdDecode(self.model, canvas)
+        if dense(self.model):
+            return DenseDecode(self.model, canvas)
+        decode = RcnnDecode(self.model, canvas)
+        return decode.with_box_head(self.box_head) if self.box_head is not None else decode
+
+    def __deepcopy__(self, memo: dict[int, Any]) -> DetectorDecoding:
+        # The copy decodes with the copied model (its decoders made again when needed).
+        return DetectorDecoding(copy.deepcopy(self.model, memo), self.box_head)
+
+    def with_box_head(self, run: BoxHeadRun) -> DetectorDecoding:
+        """This decoding with a two-stage detector's box head run by ``run``."""
+        return DetectorDecoding(self.model, run)
+
+    @property
+    def torch_heavy(self) -> bool:
+        """Whether torch computes most of the model's arithmetic (a two-stage detector's box
+        head on every proposal, where no runtime runs it): it then wants every thread."""
+        return two_stage(self.model) and self.box_head is None
+
+    @property
+    def two_stage(self) -> bool:
+        return two_stage(self.model)
 
 
 class DetectorParts(NamedTuple):
-    """A detector as an inference runtime serves it: ``graph`` (exported, fixed shapes) and
-    ``decode``, which PyTorch runs on the graph's outputs, named ``outputs``; ``box_head``: a
-    second graph for the runtime that ``decode`` can run there (``RcnnDecode.with_box_head``),
-    a two-stage detector's."""
+    """A detector as an inference runtime serves it: ``graph`` (exported) and ``decode``,
+    which PyTorch runs on the graph's outputs, named ``outputs``, for a canvas and each
+    image's size; ``box_head``: a second graph that ``decode`` can run on the runtime
+    (``DetectorDecoding.with_box_head``), a two-stage detector's."""
 
     graph: nn.Module
-    decode: Callable[[Sequence[torch.Tensor]], Detections]
+    decode: Callable[[Sequence[torch.Tensor], tuple[int, int], ImageSizes | None], Detections]
     outputs: tuple[str, ...]
     box_head: RcnnBoxHead | None = None
 
 
-def detector_parts(module: nn.Module, size: int) -> DetectorParts | None:
-    """The parts of a detector a runtime can serve at inputs of ``size``, or None: one that
+def detector_parts(module: nn.Module, canvas: tuple[int, int]) -> DetectorParts | None:
+    """The parts of a detector a runtime can serve (exported at ``canvas``), or None: one that
     answers a list of boxes per image with no part of fixed shapes known here (a model of
     one's own) runs on PyTorch alone.
 
-    SSD and SSDlite: backbone and heads exported, anchors and detections in PyTorch; RetinaNet
-    and FCOS the same, their detections the model's own (``tasks.dense``). Faster
-    R-CNN and Mask R-CNN: backbone and feature pyramid exported, proposals and suppression in
-    PyTorch, the box head a second graph (``tasks.rcnn``). A model that returns padded
-    ``(boxes, scores, labels)`` itself: exported whole."""
+    torchvision's: its graph and decoding (``TorchvisionDetector``), a two-stage detector's
+    box head a second graph (``tasks.rcnn``). A model that returns padded ``(boxes, scores,
+    labels)`` itself: exported whole."""
     if isinstance(module, TorchvisionDetector):
-        if module.batched:
-            return DetectorParts(SsdGraph(module.model), module.decoder((size, size)),
-                                 ("bbox_regression", "cls_logits"))  # fmt: skip
-        if dense(module.model):
-            return DetectorParts(DenseGraph(module.model), module.decoder((size, size)),
-                                 head_outputs(module.model))  # fmt: skip
-        if not two_stage(module.model):
-            return None
-        decode = module.decoder((size, size))
-        assert isinstance(decode, RcnnDecode)
-        return DetectorParts(RcnnGraph(module.model), decode,
-                             tuple(f"features_{level}" for level in decode.levels),
-                             RcnnBoxHead(module.model))  # fmt: skip
+        box_head = RcnnBoxHead(module.model) if two_stage(module.model) else None
+        return DetectorParts(module.graph, module.decoding, graph_outputs(module.model), box_head)
     with torch.inference_mode():
-        answered = module(torch.zeros((1, 3, size, size), device=_device_of(module)))
+        answered = module(torch.zeros((1, 3, *canvas), device=_device_of(module)))
     if not (isinstance(answered, tuple) and len(answered) == 3):
         return None  # a list of boxes per image, as torchvision's detectors answer
     return DetectorParts(module, _as_detections, ("boxes", "scores", "labels"))
@@ -116,40 +207,11 @@ def _device_of(module: nn.Module) -> torch.device:
     return torch.device("cpu") if first is None else first.device
 
 
-def _as_detections(outputs: Sequence[torch.Tensor]) -> Detections:
+def _as_detections(
+    outputs: Sequence[torch.Tensor], canvas: tuple[int, int], sizes: ImageSizes | None
+) -> Detections:
     boxes, scores, labels = outputs
-    return boxes, scores, labels.to(torch.int64)
-
-
-class ServedBatch(nn.Module):
-    """In place of a detector's own transform: the images are the server's batch, already
-    letterboxed to one size and normalised, so they are stacked back (channels_last, the
-    layout the backbone's weights are in), padded to the multiple of ``size_divisible`` the
-    detector's feature pyramid needs, and neither normalised nor resized again (torchvision's
-    transform would interpolate each image, even to its own size). Boxes come back in the
-    input's pixels: its ``postprocess`` maps them from the padded batch to the input, the
-    identity here."""
-
-    def __init__(self, original: nn.Module) -> None:
-        super().__init__()
-        self.original = original
-        self.size_divisible = int(getattr(original, "size_divisible", 1))
-
-    def forward(self, images: list[torch.Tensor], targets: Any = None) -> tuple[Any, Any]:
-        # torchvision is imported only for a detector: a start from a kept artefact of a
-        # classifier never imports it.
-        from torchvision.models.detection.image_list import ImageList
-
-        batch = torch.stack(images)
-        height, width = batch.shape[-2:]
-        bottom, right = -height % self.size_divisible, -width % self.size_divisible
-        if bottom or right:
-            batch = pad(batch, (0, right, 0, bottom))
-        batch = batch.contiguous(memory_format=torch.channels_last)
-        return ImageList(batch, [(int(height), int(width))] * len(images)), targets
-
-    def postprocess(self, result: Any, image_shapes: Any, original_sizes: Any) -> Any:
-        return self.original.postprocess(result, image_shapes, original_sizes)  # type: ignore[operator]
+    return detections((boxes, scores, labels.to(torch.int64)))
 
 
 class SegmenterLogits(nn.Module):

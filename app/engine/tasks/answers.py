@@ -1,11 +1,17 @@
 """A batch's outputs turned into each image's answer, in the original image's pixels.
 
-Undoing the letterbox is arithmetic on the batch: an image of ``W`` x ``H`` pixels fills the
-top-left ``w`` x ``h`` of the input square, so a box's x is scaled by ``W / w`` and its y by
-``H / h``, per row, then clipped to the image. Non-maximum suppression, where the model does
-none of its own, runs per class on the model's device (``torchvision.ops.batched_nms``).
-A mask is the per-pixel arg-max, taken on the batch, cut to the image's part of the square
-and resized to the image's own size (nearest: class indices are not blended).
+Undoing the input's geometry is arithmetic on the batch: an image of ``W`` x ``H`` pixels
+whose content is ``w`` x ``h`` at ``(left, top)`` of the canvas (its ``Placement``) has a
+box's x mapped by ``(x - left) * W / w`` and its y by ``(y - top) * H / h``, per row, as
+torchvision's ``resize_boxes`` maps them; then every box is clipped to the image and a box
+left without area (one that lay in the padding) is no box. The score threshold, the
+server's non-maximum suppression where the model runs none of its own
+(``torchvision.ops.batched_nms``, per class) and the cap come after. Mask R-CNN's masks are
+pasted into the image by torchvision's own ``paste_masks_in_image`` at the mapped boxes,
+binarised at 0.5 as its documentation does, and encoded as COCO run-length
+(``pycocotools``); keypoints are mapped as boxes are. A segmenter's mask is the per-pixel
+arg-max, taken on the batch, cut to the image's content and resized to the image's own size
+(nearest: class indices are not blended).
 """
 
 from __future__ import annotations
@@ -18,65 +24,60 @@ import numpy as np
 import torch
 from torch.nn.functional import interpolate, normalize
 
-from preprocessing import PreparedImage, letterbox_size, oriented_size
-
-
-@dataclass(frozen=True, slots=True)
-class Geometry:
-    """Where an image lies in the model's input: its own upright size, and the size of its
-    part of the input square (the whole square for a centre crop or a client's tensor)."""
-
-    width: int
-    height: int
-    content_width: int
-    content_height: int
-
-
-def geometry_of(image: PreparedImage, size: int, letterbox: bool) -> Geometry:
-    if image.normalized is not None or not letterbox:
-        return Geometry(size, size, size, size)
-    width, height = oriented_size(image.header)
-    content_height, content_width = letterbox_size(height, width, size)
-    return Geometry(width, height, content_width, content_height)
+from app.engine.tasks.outputs import Detections
+from preprocessing import Placement
 
 
 @dataclass(frozen=True, slots=True)
 class Detected:
     """One image's detections, best first: ``boxes`` ``[k, 4]`` (x1, y1, x2, y2 in the
-    image's pixels), ``scores`` ``[k]``, ``labels`` ``[k]`` (class indices)."""
+    image's pixels), ``scores`` ``[k]``, ``labels`` ``[k]`` (class indices); an instance
+    segmenter's ``masks`` (each box's, COCO run-length: ``{"size": [h, w], "counts": ...}``)
+    and a keypoint detector's ``keypoints`` ``[k, P, 3]`` (x, y in the image's pixels,
+    score)."""
 
     boxes: np.ndarray[Any, Any]
     scores: np.ndarray[Any, Any]
     labels: np.ndarray[Any, Any]
+    masks: list[dict[str, Any]] | None = None
+    keypoints: np.ndarray[Any, Any] | None = None
 
     def __len__(self) -> int:
         return len(self.scores)
 
 
+def mapping(placements: Sequence[Placement], device: torch.device) -> torch.Tensor:
+    """Per image, ``[scale_x, scale_y, left, top]``: content pixels to image pixels."""
+    return torch.tensor([[p.width / p.content_width, p.height / p.content_height, p.left, p.top]
+                         for p in placements], dtype=torch.float32, device=device)  # fmt: skip
+
+
 def detections(
-    boxes: torch.Tensor,
-    scores: torch.Tensor,
-    labels: torch.Tensor,
-    geometries: Sequence[Geometry],
+    found: Detections,
+    placements: Sequence[Placement],
     min_scores: Sequence[float],
     max_counts: Sequence[int],
     nms_iou: float | None,
+    with_masks: Sequence[bool] | None = None,
 ) -> list[Detected]:
-    """Each image's boxes above its ``min_scores`` (and above 0: padding), at most its
-    ``max_counts``, best first, mapped back to its pixels; suppressed at ``nms_iou`` per class
-    when given."""
-    boxes, scores = boxes.float(), scores.float()
-    scale = torch.tensor([[g.width / g.content_width, g.height / g.content_height]
-                          for g in geometries], dtype=torch.float32,
-                         device=boxes.device)  # fmt: skip
-    boxes = boxes * scale.repeat(1, 2).unsqueeze(1)
-    limits = torch.tensor([[g.width, g.height] for g in geometries], dtype=torch.float32,
+    """Each image's boxes in its own pixels, clipped to it, those with an area scoring at
+    least its ``min_scores`` (and above 0: padding), suppressed at ``nms_iou`` per class when
+    given, at most its ``max_counts``, best first; with their masks (where ``with_masks``)
+    and keypoints where the model gives them."""
+    count = len(placements)
+    boxes, scores = found.boxes[:count].float(), found.scores[:count].float()
+    labels = found.labels[:count]
+    where = mapping(placements, boxes.device)
+    scale, offset = where[:, :2].repeat(1, 2)[:, None], where[:, 2:].repeat(1, 2)[:, None]
+    boxes = (boxes - offset) * scale
+    limits = torch.tensor([[p.width, p.height] for p in placements], dtype=torch.float32,
                           device=boxes.device).repeat(1, 2).unsqueeze(1)  # fmt: skip
     boxes = torch.minimum(boxes.clamp(min=0), limits)
+    area = (boxes[..., 2] > boxes[..., 0]) & (boxes[..., 3] > boxes[..., 1])
     threshold = torch.tensor(min_scores, dtype=torch.float32, device=scores.device)
-    keep = (scores > 0) & (scores >= threshold.unsqueeze(1))
+    keep = (scores > 0) & area & (scores >= threshold.unsqueeze(1))
     answers = []
-    for row in range(boxes.shape[0]):
+    for row in range(count):
         kept = keep[row].nonzero().squeeze(1)
         row_boxes, row_scores, row_labels = boxes[row, kept], scores[row, kept], labels[row, kept]
         if nms_iou is not None and len(kept):
@@ -84,32 +85,61 @@ def detections(
 
             order = batched_nms(row_boxes, row_scores, row_labels, nms_iou)
         else:
-            order = row_scores.argsort(descending=True)
+            order = row_scores.argsort(descending=True, stable=True)
         order = order[: max_counts[row]]
+        chosen = kept[order]
+        masks = None
+        if found.masks is not None and (with_masks is None or with_masks[row]):
+            masks = run_lengths(found.masks[row, chosen], row_boxes[order], placements[row])
+        keypoints = None
+        if found.keypoints is not None:
+            points = found.keypoints[row, chosen].float().clone()
+            points[..., :2] = (points[..., :2] - where[row, 2:]) * where[row, :2]
+            keypoints = points.cpu().numpy()
         answers.append(Detected(
             row_boxes[order].cpu().numpy(), row_scores[order].cpu().numpy(),
-            row_labels[order].to(torch.int64).cpu().numpy(),
+            row_labels[order].to(torch.int64).cpu().numpy(), masks, keypoints,
         ))  # fmt: skip
     return answers
 
 
-def masks(logits: torch.Tensor, geometries: Sequence[Geometry]) -> list[np.ndarray[Any, Any]]:
+def run_lengths(
+    masks: torch.Tensor, boxes: torch.Tensor, placement: Placement
+) -> list[dict[str, Any]]:
+    """Each box's mask probabilities ``[k, M, M]`` pasted into the image at its box (in the
+    image's pixels), binarised at 0.5, as COCO run-length."""
+    from pycocotools import mask as coco
+    from torchvision.models.detection.roi_heads import paste_masks_in_image
+
+    if not len(masks):
+        return []
+    pasted = paste_masks_in_image(masks[:, None].float().cpu(), boxes.cpu(),
+                                  (placement.height, placement.width))  # fmt: skip
+    binary = (pasted[:, 0] > 0.5).permute(1, 2, 0).numpy().astype(np.uint8)
+    encoded = coco.encode(np.asfortranarray(binary))
+    return [{"size": [int(each["size"][0]), int(each["size"][1])],
+             "counts": each["counts"].decode("ascii")} for each in encoded]  # fmt: skip
+
+
+def masks(logits: torch.Tensor, placements: Sequence[Placement]) -> list[np.ndarray[Any, Any]]:
     """Each image's mask of class indices, ``[H, W]`` in its own pixels: uint8 for up to 256
-    classes, else int32."""
+    classes, else uint16 (up to 65,536)."""
     # max's indices, not argmax: the same first index of the largest logit, and on a CPU
     # about 4x faster over the classes of [8, 21, 520, 520] (77 against 303 ms, ad hoc).
     classes = logits.max(dim=1).indices
-    dtype = torch.uint8 if logits.shape[1] <= 256 else torch.int32
-    classes = classes.to(dtype)
+    many = logits.shape[1] > 256
+    classes = classes.to(torch.int32 if many else torch.uint8)
     answers = []
-    for row, geometry in enumerate(geometries):
-        part = classes[row, : geometry.content_height, : geometry.content_width]
-        size = (geometry.height, geometry.width)
+    for row, where in enumerate(placements):
+        part = classes[row, where.top : where.top + where.content_height,
+                       where.left : where.left + where.content_width]  # fmt: skip
+        size = (where.height, where.width)
         if tuple(part.shape) != size:
-            # Nearest has a uint8 kernel; int32 indices go through float (exact below 2**24).
-            source = part[None, None] if dtype == torch.uint8 else part[None, None].float()
-            part = interpolate(source, size=size, mode="nearest")[0, 0].to(dtype)
-        answers.append(part.cpu().numpy())
+            # Nearest has a uint8 kernel; larger indices go through float (exact below 2**24).
+            source = part[None, None].float() if many else part[None, None]
+            part = interpolate(source, size=size, mode="nearest")[0, 0].to(part.dtype)
+        mask = part.cpu().numpy()
+        answers.append(mask.astype(np.uint16) if many else mask)
     return answers
 
 

@@ -1,13 +1,13 @@
 """A one-stage torchvision detector with anchors on every level of a feature pyramid
 (RetinaNet, FCOS) in two parts, as SSD is served (``tasks.ssd``).
 
-``DenseGraph`` is its backbone, feature pyramid and heads on the server's batch padded as the
-detector's transform pads it: fixed shapes, for a runtime, answering the heads' outputs for
-every anchor of every level (``cls_logits``, ``bbox_regression``, and FCOS's
-``bbox_ctrness``). ``DenseDecode`` is the rest, in PyTorch, as the model runs it: its anchors
-(made once per size: they follow the input's and the feature maps' sizes, not the pixels),
-the outputs split by level, and the model's own ``postprocess_detections`` (per level, the
-best candidates above its score threshold, decoded; per image, the suppression).
+``DenseGraph`` is its backbone, feature pyramid and heads on the server's batch: fixed
+arithmetic, for a runtime, answering the heads' outputs for every anchor of every level
+(``cls_logits``, ``bbox_regression``, and FCOS's ``bbox_ctrness``). ``DenseDecode`` is the
+rest, in PyTorch, as the model runs it: its anchors (made once per canvas: they follow the
+input's and the feature maps' sizes, not the pixels), the outputs split by level, and the
+model's own ``postprocess_detections`` (per level, the best candidates above its score
+threshold, decoded and clipped to the image's own size; per image, the suppression).
 """
 
 from __future__ import annotations
@@ -19,7 +19,7 @@ import torch
 from torch import nn
 
 from app.engine.tasks.outputs import Detections, detections
-from app.engine.tasks.rcnn import RcnnGraph, padded_size
+from app.engine.tasks.rcnn import RcnnGraph
 
 
 def dense(model: Any) -> bool:
@@ -41,7 +41,7 @@ class DenseGraph(nn.Module):
 
     def __init__(self, model: Any) -> None:
         super().__init__()
-        self.pyramid = RcnnGraph(model)  # padded as a two-stage detector's, the same pyramid
+        self.pyramid = RcnnGraph(model)  # a two-stage detector's pyramid
         self.head = model.head
         self.names = head_outputs(model)
 
@@ -51,30 +51,30 @@ class DenseGraph(nn.Module):
 
 
 class DenseDecode:
-    """The rest of a RetinaNet or FCOS on the graph's outputs, for inputs of one ``size``:
+    """The rest of a RetinaNet or FCOS on the graph's outputs, for inputs of one ``canvas``:
     anchors, the split by level, the model's ``postprocess_detections``; padded detections."""
 
-    def __init__(self, model: Any, size: tuple[int, int]) -> None:
+    def __init__(self, model: Any, canvas: tuple[int, int]) -> None:
         from torchvision.models.detection.image_list import ImageList
 
         self.model = model
-        self.size = size
         self.names = head_outputs(model)
-        padded = padded_size(model, size)
         device = next(model.parameters()).device
         with torch.inference_mode():
-            blank = torch.zeros((1, 3, *padded), device=device)
+            blank = torch.zeros((1, 3, *canvas), device=device)
             features = list(model.backbone(blank).values())
-            (self.anchors,) = model.anchor_generator(ImageList(blank, [size]), features)
+            (self.anchors,) = model.anchor_generator(ImageList(blank, [canvas]), features)
         places = [each.shape[2] * each.shape[3] for each in features]
         per_place = len(self.anchors) // sum(places)  # anchors per place: RetinaNet's 9, FCOS's 1
         self.per_level = [count * per_place for count in places]
 
-    def __call__(self, outputs: Sequence[torch.Tensor]) -> Detections:
+    def __call__(
+        self, outputs: Sequence[torch.Tensor], sizes: Sequence[tuple[int, int]]
+    ) -> Detections:
         images = outputs[0].shape[0]
         split = {name: list(torch.split(each, self.per_level, dim=1))
                  for name, each in zip(self.names, outputs, strict=True)}  # fmt: skip
         anchors = list(torch.split(self.anchors.to(outputs[0].device), self.per_level))
         found = self.model.postprocess_detections(split, [anchors] * images,
-                                                  [self.size] * images)  # fmt: skip
+                                                  [(int(h), int(w)) for h, w in sizes])  # fmt: skip
         return detections(found)

@@ -5,7 +5,9 @@
 - ``segment``: logits ``[N, C, H, W]``, or torchvision's ``{"out": logits, ...}``;
 - ``detect``: a tuple ``(boxes [N, K, 4], scores [N, K], labels [N, K])`` with boxes ``x1, y1,
   x2, y2`` in the input's pixels and a score of 0 for padding, or torchvision's list of one
-  dict per image (``boxes``, ``scores``, ``labels``).
+  dict per image (``boxes``, ``scores``, ``labels``; Mask R-CNN's ``masks``, each box's
+  probabilities ``[1, M, M]`` before they are pasted into the image; Keypoint R-CNN's
+  ``keypoints [P, 3]`` and ``keypoints_scores [P]``).
 
 A model whose outputs do not fit its task stops the start with one line saying what was
 expected.
@@ -14,11 +16,24 @@ expected.
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
-from typing import Any
+from typing import Any, NamedTuple
 
 import torch
 
-Detections = tuple[torch.Tensor, torch.Tensor, torch.Tensor]
+
+class Detections(NamedTuple):
+    """A batch's detections, padded to the most any image has (a score of 0 pads): ``boxes
+    [N, K, 4]`` (x1, y1, x2, y2 in the input's pixels), ``scores [N, K]``, ``labels [N, K]``;
+    an instance segmenter's ``masks [N, K, M, M]`` (each box's mask probabilities, in the box);
+    a keypoint detector's ``keypoints [N, K, P, 3]`` (x, y in the input's pixels, and each
+    keypoint's score)."""
+
+    boxes: torch.Tensor
+    scores: torch.Tensor
+    labels: torch.Tensor
+    masks: torch.Tensor | None = None
+    keypoints: torch.Tensor | None = None
+
 
 EXPECTED = {
     "classify": "logits of shape [batch, classes]",
@@ -38,13 +53,15 @@ def detections(output: Any) -> Detections:
     ``[N, K]`` (K at least 1; a score of 0 pads)."""
     if isinstance(output, Sequence) and output and all(isinstance(o, Mapping) for o in output):
         return _padded(output)
+    if isinstance(output, Detections):
+        return output
     if (isinstance(output, Sequence) and len(output) == 3
             and all(isinstance(o, torch.Tensor) for o in output)):  # fmt: skip
-        boxes, scores, labels = output
+        boxes, scores, labels = output[:3]
         n = boxes.shape[0] if boxes.ndim == 3 else -1
         if (boxes.ndim == 3 and boxes.shape[-1] == 4 and scores.shape == boxes.shape[:2]
                 and labels.shape == boxes.shape[:2]):  # fmt: skip
-            return boxes, scores, labels
+            return Detections(boxes, scores, labels, *output[3:])
         raise OutputMismatchError(
             f"boxes {tuple(boxes.shape)}, scores {tuple(scores.shape)} and labels "
             f"{tuple(labels.shape)} do not fit (boxes [N, K, 4] with N={n})"
@@ -55,16 +72,34 @@ def detections(output: Any) -> Detections:
 def _padded(per_image: Sequence[Mapping[str, torch.Tensor]]) -> Detections:
     count = max(1, *(len(each["scores"]) for each in per_image))
     n = len(per_image)
-    device = per_image[0]["boxes"].device
+    first = per_image[0]
+    device = first["boxes"].device
     boxes = torch.zeros((n, count, 4), dtype=torch.float32, device=device)
     scores = torch.zeros((n, count), dtype=torch.float32, device=device)
     labels = torch.zeros((n, count), dtype=torch.int64, device=device)
+    masks = keypoints = None
+    if "masks" in first:  # [k, 1, M, M] each
+        masks = torch.zeros((n, count, *first["masks"].shape[-2:]), device=device)
+    if "keypoints" in first:  # [k, P, 3] and [k, P] each
+        keypoints = torch.zeros((n, count, first["keypoints"].shape[1], 3), device=device)
     for row, each in enumerate(per_image):
         found = len(each["scores"])
         boxes[row, :found] = each["boxes"].float()
         scores[row, :found] = each["scores"].float()
         labels[row, :found] = each["labels"].to(torch.int64)
-    return boxes, scores, labels
+        if masks is not None:
+            masks[row, :found] = each["masks"][:, 0].float()
+        if keypoints is not None:
+            keypoints[row, :found, :, :2] = each["keypoints"][..., :2].float()
+            keypoints[row, :found, :, 2] = each["keypoints_scores"].float()
+    return Detections(boxes, scores, labels, masks, keypoints)
+
+
+def instances_of(output: Any) -> tuple[str, ...]:
+    """What a detector gives of each box beside it: ``masks`` (Mask R-CNN), ``keypoints``
+    (Keypoint R-CNN)."""
+    found = detections(output)
+    return tuple(name for name in ("masks", "keypoints") if getattr(found, name) is not None)
 
 
 def segmentation(output: Any) -> torch.Tensor:

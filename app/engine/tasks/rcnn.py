@@ -1,11 +1,12 @@
-"""A two-stage torchvision detector (Faster R-CNN, Mask R-CNN) in parts, so that an inference
-runtime can run the parts of it whose shapes follow from their inputs'.
+"""A two-stage torchvision detector (Faster R-CNN, Mask R-CNN, Keypoint R-CNN) in parts, so
+that an inference runtime can run the parts of it whose shapes follow from their inputs'.
 
 Its region proposals and the suppression of its boxes have data-dependent shapes, but its
-backbone and feature pyramid do not: ``RcnnGraph`` is that part, ``[N, 3, S, S]`` to one
+backbone and feature pyramid do not: ``RcnnGraph`` is that part, ``[N, 3, H, W]`` to one
 feature map per level, for a runtime. ``RcnnDecode`` is the rest, in PyTorch on what the graph
-returns: the region proposals, the pooling of their features, the box head and its
-suppression, as the model runs them (``benchmarks/studies/rcnn_split/``).
+returns, each image told its own size: the region proposals, the pooling of their features,
+the box head and its suppression, then Mask R-CNN's mask head and Keypoint R-CNN's keypoint
+head on the boxes found, as the model runs them (``benchmarks/studies/rcnn_split/``).
 
 Given the proposals, the box head's dense layers and its class and box predictors are a
 second graph of fixed shapes but for the number of proposals, ``RcnnBoxHead``: most of a small
@@ -14,8 +15,6 @@ given one (``with_box_head``), on the proposals' features pooled here by matrix 
 (``roi_pool``: a fifth of the time ONNX Runtime's RoIAlign took). Served so, an image of
 Faster R-CNN MobileNetV3 320 took 27-33 ms on ONNX Runtime where PyTorch's part alone took
 61-64 on a 2-core AMD EPYC (``benchmarks/studies/rcnn_split/``, with the runtime's pooling).
-Mask R-CNN is served without its mask branch (``adapters.TorchvisionDetector``): it is a
-Faster R-CNN here.
 """
 
 from __future__ import annotations
@@ -27,7 +26,7 @@ from typing import Any
 
 import torch
 from torch import nn
-from torch.nn.functional import linear, pad
+from torch.nn.functional import linear
 
 from app.engine.tasks.outputs import Detections, detections
 from app.engine.tasks.roi_pool import LevelPooling
@@ -38,27 +37,16 @@ def two_stage(model: Any) -> bool:
     return all(hasattr(model, part) for part in ("backbone", "rpn", "roi_heads"))
 
 
-def padded_size(model: Any, size: tuple[int, int]) -> tuple[int, ...]:
-    """``size`` padded as the detector's transform pads a batch: to its ``size_divisible``."""
-    divisible = int(getattr(model.transform, "size_divisible", 1))
-    return tuple(side + (-side % divisible) for side in size)
-
-
 class RcnnGraph(nn.Module):
     """The backbone and feature pyramid of a two-stage detector (or of RetinaNet's and FCOS's,
-    ``tasks.dense``), on the server's batch padded as the detector's transform pads it:
-    ``batch [N, 3, S, S]`` to its feature maps."""
+    ``tasks.dense``), on the server's batch, padded as the detector's transform pads it:
+    ``batch [N, 3, H, W]`` to its feature maps."""
 
     def __init__(self, model: Any) -> None:
         super().__init__()
         self.backbone = model.backbone
-        self.size_divisible = int(getattr(model.transform, "size_divisible", 1))
 
     def forward(self, batch: torch.Tensor) -> tuple[torch.Tensor, ...]:
-        height, width = batch.shape[-2:]
-        bottom, right = -height % self.size_divisible, -width % self.size_divisible
-        if bottom or right:
-            batch = pad(batch, (0, right, 0, bottom))
         features = self.backbone(batch.contiguous(memory_format=torch.channels_last))
         return tuple(features.values())
 
@@ -73,20 +61,21 @@ BOX_HEAD_OUTPUTS = ("class_logits", "box_regression")
 
 class RcnnDecode:
     """The rest of a two-stage detector on the graph's feature maps, for inputs of one
-    ``size``: proposals, pooled features, box head, suppression; padded detections.
-    ``box_head``: the box head on a runtime (``RcnnBoxHead``), else PyTorch runs it."""
+    ``canvas``: proposals, pooled features, box head, suppression, and the mask or keypoint
+    head; padded detections. ``box_head``: the box head on a runtime (``RcnnBoxHead``), else
+    PyTorch runs it."""
 
-    def __init__(self, model: Any, size: tuple[int, int]) -> None:
+    def __init__(self, model: Any, canvas: tuple[int, int]) -> None:
         self.model = model
-        self.size = size
-        self.padded = padded_size(model, size)
+        self.canvas = canvas
         first = next(model.parameters())
         with torch.inference_mode():
-            blank = torch.zeros((1, 3, *self.padded), device=first.device)
+            blank = torch.zeros((1, 3, *canvas), device=first.device)
             features = model.backbone(blank)
-            # The pooler infers each level's scale from its first call: made here, so that
+            # The poolers infer each level's scale from their first call: made here, so that
             # the box head's graph and PyTorch pool with the same ones.
-            model.roi_heads.box_roi_pool(features, [blank.new_zeros((1, 4))], [size])
+            for pooler in poolers(model.roi_heads):
+                pooler(features, [blank.new_zeros((1, 4))], [canvas])
         self.levels = tuple(features.keys())
         self.pooling = level_pooling(model, self.levels)
         # What the box head takes of each proposal: [bins, channels of the maps it pools].
@@ -108,7 +97,16 @@ class RcnnDecode:
         decode.box_head = run
         return decode
 
-    def __call__(self, outputs: Sequence[torch.Tensor]) -> Detections:
+    @staticmethod
+    def levels_of(model: Any) -> tuple[str, ...]:
+        """The names of the backbone's feature maps, in order."""
+        first = next(model.parameters())
+        with torch.inference_mode():
+            return tuple(model.backbone(torch.zeros((1, 3, 128, 128), device=first.device)))
+
+    def __call__(
+        self, outputs: Sequence[torch.Tensor], sizes: Sequence[tuple[int, int]]
+    ) -> Detections:
         from torchvision.models.detection.image_list import ImageList
 
         # channels_last, as the backbone makes them in PyTorch: the heads' convolutions and
@@ -116,23 +114,25 @@ class RcnnDecode:
         maps = [each.contiguous(memory_format=torch.channels_last) for each in outputs]
         features = OrderedDict(zip(self.levels, maps, strict=True))
         # The anchors need the padded batch's shape alone: a view of one zero, not its pixels.
-        shape = maps[0].new_zeros(()).expand(maps[0].shape[0], 3, *self.padded)
-        images = ImageList(shape, [self.size] * maps[0].shape[0])
+        shape = maps[0].new_zeros(()).expand(maps[0].shape[0], 3, *self.canvas)
+        images = ImageList(shape, [(int(h), int(w)) for h, w in sizes])
         proposals, _ = self.model.rpn(images, features)
         if self.box_head is None:
             found, _ = self.model.roi_heads(features, proposals, images.image_sizes)
             return detections(found)
-        return self._boxes_of(proposals, maps, images.image_sizes)
+        return self._boxes_of(proposals, features, images.image_sizes)
 
     def _boxes_of(
         self,
         proposals: list[torch.Tensor],
-        maps: Sequence[torch.Tensor],
+        features: OrderedDict[str, torch.Tensor],
         sizes: list[tuple[int, int]],
     ) -> Detections:
-        """What ``roi_heads`` answers, its pooling here and its box head on the runtime."""
+        """What ``roi_heads`` answers, its pooling here and its box head on the runtime; its
+        mask or keypoint head, where it has one, in PyTorch on the boxes found."""
         assert self.box_head is not None
         heads = self.model.roi_heads
+        maps = list(features.values())
         # Nothing proposed: nothing for the graph, whose axis starts at 1.
         if sum(len(boxes) for boxes in proposals) == 0:
             width = heads.box_predictor.cls_score.out_features
@@ -150,7 +150,45 @@ class RcnnDecode:
             {"boxes": each_boxes, "scores": each_scores, "labels": each_labels}
             for each_boxes, each_scores, each_labels in zip(boxes, scores, labels, strict=True)
         ]
+        instance_heads(heads, features, found, sizes)
         return detections(found)
+
+
+def poolers(heads: Any) -> list[Any]:
+    """The RoI poolers of ``roi_heads``: the boxes', and the masks' or keypoints' where the
+    model has them."""
+    found = [heads.box_roi_pool]
+    if heads.has_mask():
+        found.append(heads.mask_roi_pool)
+    if heads.has_keypoint():
+        found.append(heads.keypoint_roi_pool)
+    return found
+
+
+def instance_heads(
+    heads: Any,
+    features: OrderedDict[str, torch.Tensor],
+    found: list[dict[str, torch.Tensor]],
+    sizes: list[tuple[int, int]],
+) -> None:
+    """Mask R-CNN's masks and Keypoint R-CNN's keypoints of the boxes ``found``, added to
+    each image's answer as ``roi_heads`` adds them in evaluation (its own heads and
+    inference functions, on the boxes it answered)."""
+    from torchvision.models.detection.roi_heads import keypointrcnn_inference, maskrcnn_inference
+
+    boxes = [each["boxes"] for each in found]
+    labels = [each["labels"] for each in found]
+    if heads.has_mask():
+        pooled = heads.mask_roi_pool(features, boxes, sizes)
+        logits = heads.mask_predictor(heads.mask_head(pooled))
+        for each, masks in zip(found, maskrcnn_inference(logits, labels), strict=True):
+            each["masks"] = masks
+    if heads.has_keypoint():
+        pooled = heads.keypoint_roi_pool(features, boxes, sizes)
+        logits = heads.keypoint_predictor(heads.keypoint_head(pooled))
+        points, scores = keypointrcnn_inference(logits, boxes)
+        for each, kept, score in zip(found, points, scores, strict=True):
+            each["keypoints"], each["keypoints_scores"] = kept, score
 
 
 def level_pooling(model: Any, levels: tuple[str, ...]) -> LevelPooling:

@@ -28,9 +28,9 @@ from app.engine.tasks.outputs import Detections
 
 class SsdGraph(nn.Module):
     """What of a torchvision SSD runs as one graph, on PyTorch or exported to a runtime: the
-    backbone and the heads, ``batch [N, 3, S, S]`` to ``(bbox_regression [N, A, 4],
-    cls_logits [N, A, C])``. Its transform is the server's batch (``ServedBatch``: SSD has no
-    padding to add); its anchors depend on the input's size alone (``SsdDecode``)."""
+    backbone and the heads, ``batch [N, 3, S, S]`` (every image stretched to its fixed size)
+    to ``(bbox_regression [N, A, 4], cls_logits [N, A, C])``; its anchors depend on the
+    input's size alone (``SsdDecode``)."""
 
     def __init__(self, model: Any) -> None:
         super().__init__()
@@ -65,7 +65,10 @@ class SsdDecode:
             features = list(features.values()) if isinstance(features, dict) else [features]
             (self.anchors,) = model.anchor_generator(ImageList(blank, [size]), features)
 
-    def __call__(self, outputs: Sequence[torch.Tensor]) -> Detections:
+    def __call__(
+        self, outputs: Sequence[torch.Tensor], sizes: Sequence[tuple[int, int]] = ()
+    ) -> Detections:
+        """The detections of the batch; every image fills the input (``sizes`` are its size)."""
         regression, logits = outputs
         anchors = self.anchors.to(regression.device).expand(regression.shape[0], -1, -1)
         return batched_detections(regression, logits, anchors, self.box_coder, self.size,
@@ -118,7 +121,7 @@ def batched_detections(
         out_boxes[each, : len(score)] = box
         out_scores[each, : len(score)] = score
         out_labels[each, : len(score)] = labels
-    return out_boxes, out_scores, out_labels
+    return Detections(out_boxes, out_scores, out_labels)
 
 
 def best_survivors(

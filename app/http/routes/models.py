@@ -61,6 +61,7 @@ def _describe(server: ServerState, version: ModelVersion) -> dict[str, Any]:
         "task": engine.task,
         "input_shape": list(engine.input_shape),
         "letterbox": transform.letterbox,
+        "transform": transform.as_dict(),
         "resize_size": transform.resize_size,
         "num_classes": engine.num_classes,
         "mean": list(transform.mean),

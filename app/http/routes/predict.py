@@ -43,7 +43,21 @@ async def handle(request: Request, path_params: dict[str, str] | None = None) ->
     query = request.query_params
     top_k, version = _at_least_one(query, "top_k"), _at_least_one(query, "version")
     limits = _score(query), _at_least_one(query, "max_detections")
-    return await predict(request, top_k, query.get("model"), version, *limits)
+    return await predict(request, top_k, query.get("model"), version, *limits,
+                         masks=_flag(query, "masks"))  # fmt: skip
+
+
+def _flag(query: QueryParams, name: str) -> bool:
+    """A true-or-false parameter (true when absent), as FastAPI reads a ``bool``."""
+    raw = query.get(name)
+    if raw is None:
+        return True
+    value = raw.lower()
+    if value in ("true", "1", "yes", "on"):
+        return True
+    if value in ("false", "0", "no", "off"):
+        return False
+    raise InvalidParameterError(f"{name} must be true or false")
 
 
 def _score(query: QueryParams) -> float | None:
@@ -131,16 +145,21 @@ async def predict(
     max_detections: Annotated[
         int | None, Query(ge=1, description="the most boxes a detector answers")
     ] = None,
+    masks: Annotated[
+        bool, Query(description="an instance segmenter's masks with its boxes (false: boxes)")
+    ] = True,
 ) -> Response:
     """Send the image as the raw body (``Content-Type: image/*``) or as multipart field ``file``.
 
-    The answer follows the model's task: its top classes, its boxes (in the image's pixels),
-    its mask (``Accept: image/png``: the mask as a PNG of class indices) or its embedding.
+    The answer follows the model's task: its top classes, its boxes (in the image's pixels;
+    with each box's mask as COCO run-length, unless ``masks=false``, and its keypoints, where
+    the model gives them), its mask (``Accept: image/png``: the mask as a PNG of class
+    indices) or its embedding.
     ``X-Request-Timeout-Ms`` sets this request's deadline (default: the model's);
     ``X-Priority`` its priority (1 first, up to ``PRIORITY_LEVELS``; 0: the default).
     """
     return await guarded(request, lambda server: _predict(
-        server, request, top_k, model, version, min_score, max_detections
+        server, request, top_k, model, version, min_score, max_detections, masks
     ))  # fmt: skip
 
 
@@ -152,13 +171,14 @@ async def _predict(
     version: int | None,
     min_score: float | None = None,
     max_detections: int | None = None,
+    masks: bool = True,
 ) -> Response:
     predictor = server.require_ready()
     answer = await predictor.infer(InferenceRequest(
         model=model, version=version, body=ImageBody(request), parse=one_image,
         parse_off_loop=False, declared_bytes=declared_length(request),
         timeout_s=_timeout(request), priority=_priority(request), top_k=top_k,
-        min_score=min_score, max_detections=max_detections,
+        min_score=min_score, max_detections=max_detections, masks=masks,
         cancelled=lambda: disconnected(request.receive),
         named=lambda name: mark_model(request.scope, name),
         arrived=request_start_of(request.scope),

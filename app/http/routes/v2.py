@@ -41,6 +41,7 @@ from app.protocol.model_io import (
     schedule_parameter,
     top_k_for,
     wants_dense,
+    wants_masks,
 )
 from app.protocol.tensors import (
     InferenceRequestBody,
@@ -137,7 +138,7 @@ async def _infer(server: ServerState, request: Request, name: str, version: str 
         # long enough to stall every other request and the probes: in the parse threads.
         document, binary = parse_request(bytes(raw), header_length)
         tensors = read_inputs(document, binary, facts.max_images, facts.max_bytes)
-        outputs = _requested_outputs(document, facts.classes, facts.task)
+        outputs = _requested_outputs(document, facts.classes, facts.task, facts.instances)
         parameters = document.parameters
         timeout = schedule_parameter("timeout", parameters.get("timeout"))
         return Parsed(
@@ -147,7 +148,7 @@ async def _infer(server: ServerState, request: Request, name: str, version: str 
             min_score=detection_parameter("min_score", parameters.get("min_score")),
             max_detections=detection_parameter("max_detections",
                                                parameters.get("max_detections")),
-            detail=(document.id, outputs),
+            masks=wants_masks(outputs), detail=(document.id, outputs),
         )  # fmt: skip
 
     answer = await predictor.infer(InferenceRequest(
@@ -176,7 +177,7 @@ class RawBody:
 
 
 def _requested_outputs(
-    document: InferenceRequestBody, classes: int, task: str
+    document: InferenceRequestBody, classes: int, task: str, instances: tuple[str, ...]
 ) -> list[RequestedOutput]:
     binary_all = bool(document.parameters.get("binary_data_output", False))
     asked = [
@@ -184,7 +185,7 @@ def _requested_outputs(
          bool(output.parameters.get("binary_data", binary_all)))
         for output in document.outputs or []
     ]  # fmt: skip
-    return requested_outputs(task, asked, classes, binary_all)
+    return requested_outputs(task, asked, classes, binary_all, instances)
 
 
 def _response(
