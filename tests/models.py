@@ -241,6 +241,24 @@ def bright_box_detector() -> nn.Module:
     return BrightBoxDetector()
 
 
+class CornerBoxDetector(nn.Module):
+    """The bright box, and a box in the input's bottom-right corner scoring 0.99: in a
+    letterboxed wide image, a box that lies wholly in the padding."""
+
+    def forward(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        boxes, scores, labels = BrightBoxDetector()(x)
+        height, width = x.shape[2], x.shape[3]
+        corner = torch.tensor([[[width - 8.0, height - 8.0, width, height]]]).expand(
+            x.shape[0], 1, 4)  # fmt: skip
+        return (torch.cat([boxes, corner], dim=1),
+                torch.cat([scores, torch.full((x.shape[0], 1), 0.99)], dim=1),
+                torch.cat([labels, torch.full((x.shape[0], 1), 2)], dim=1))  # fmt: skip
+
+
+def corner_box_detector() -> nn.Module:
+    return CornerBoxDetector()
+
+
 class BrightListDetector(nn.Module):
     """The same boxes as torchvision's detectors answer them: a list of one dict per image,
     with as many boxes as each image has (none without a bright pixel)."""
@@ -270,6 +288,20 @@ class BrightSegmenter(nn.Module):
 
 def bright_segmenter() -> nn.Module:
     return BrightSegmenter()
+
+
+class ManyClassSegmenter(nn.Module):
+    """300 classes: class 299 where a pixel is bright, class 0 elsewhere (an index past what
+    eight bits hold)."""
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        margin = (x.mean(dim=1) - BRIGHT).unsqueeze(1)
+        classes = torch.zeros(x.shape[0], 300, *x.shape[2:], device=x.device)
+        return torch.cat([-margin, classes[:, 1:-1] - 10, margin], dim=1)
+
+
+def many_class_segmenter() -> nn.Module:
+    return ManyClassSegmenter()
 
 
 class MeanColorEncoder(nn.Module):
@@ -385,14 +417,6 @@ def blind_detector() -> nn.Module:
     return BlindDetector()
 
 
-def every_box_faster_rcnn() -> nn.Module:
-    """torchvision's Faster R-CNN MobileNetV3 320 (its pyramid's maps share one stride: every
-    proposal is pooled from one level), random weights, answering every proposal's best
-    classes whatever their scores: boxes to compare, where a trained model's threshold would
-    keep none of a random one's."""
-    return _every_box(lambda: _torchvision_detector("fasterrcnn_mobilenet_v3_large_320_fpn"))
-
-
 def resnet18_faster_rcnn() -> nn.Module:
     """Faster R-CNN on a ResNet-18 feature pyramid: proposals pooled from four levels by their
     size; random weights, every proposal's best classes answered."""
@@ -403,20 +427,12 @@ def resnet18_faster_rcnn() -> nn.Module:
     return _every_box(lambda: FasterRCNN(backbone, num_classes=5))
 
 
-def _torchvision_detector(name: str) -> nn.Module:
-    import torchvision
-
-    model: nn.Module = torchvision.models.get_model(name, weights=None, weights_backbone=None)
-    return model
-
-
 def _every_box(build: Callable[[], Any]) -> nn.Module:
-    from app.engine.tasks.adapters import TorchvisionDetector
-
     torch.manual_seed(0)
-    model = build()
+    model: Any = build()
     model.roi_heads.score_thresh = 0.0
-    return TorchvisionDetector(model)
+    built: nn.Module = model
+    return built
 
 
 def resnet18_retinanet() -> nn.Module:
@@ -439,20 +455,9 @@ def _dense_detector(kind: Callable[..., Any]) -> nn.Module:
     from torchvision.models.detection.backbone_utils import resnet_fpn_backbone
     from torchvision.ops.feature_pyramid_network import LastLevelP6P7
 
-    from app.engine.tasks.adapters import TorchvisionDetector
-
     torch.manual_seed(0)
     backbone = resnet_fpn_backbone(backbone_name="resnet18", weights=None,
                                    returned_layers=[2, 3, 4],
                                    extra_blocks=LastLevelP6P7(256, 256))  # fmt: skip
-    return TorchvisionDetector(kind(backbone, num_classes=5, score_thresh=0.0))
-
-
-def resnet18_mask_rcnn() -> nn.Module:
-    """Mask R-CNN on a ResNet-18 pyramid, random weights, every proposal's best classes
-    answered (its mask branch dropped by the adapter: a detector answers boxes)."""
-    from torchvision.models.detection import MaskRCNN
-    from torchvision.models.detection.backbone_utils import resnet_fpn_backbone
-
-    backbone = resnet_fpn_backbone(backbone_name="resnet18", weights=None)
-    return _every_box(lambda: MaskRCNN(backbone, num_classes=5))
+    model: nn.Module = kind(backbone, num_classes=5, score_thresh=0.0)
+    return model

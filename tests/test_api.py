@@ -477,7 +477,10 @@ async def test_predict_takes_the_parameters_its_documentation_names(
 ) -> None:
     documented = (await client.get("/openapi.json")).json()["paths"]["/predict"]["post"]
     parameters = {p["name"]: p["schema"] for p in documented["parameters"]}
-    assert set(parameters) == {"top_k", "model", "version", "min_score", "max_detections"}
+    assert set(parameters) == {"top_k", "model", "version", "min_score", "max_detections",
+                               "masks"}  # fmt: skip
+    assert parameters["masks"] == {"type": "boolean", "default": True, "title": "Masks",
+                                   "description": parameters["masks"]["description"]}  # fmt: skip
     assert parameters["top_k"]["anyOf"][0] == {"type": "integer", "minimum": 1}
     assert parameters["min_score"]["anyOf"][0] == {"type": "number", "minimum": 0, "maximum": 1}
     assert parameters["version"]["anyOf"][0] == {"type": "integer", "minimum": 1}

@@ -509,3 +509,15 @@ def test_the_default_is_compared_round_by_round_with_each_other_configuration() 
     assert result["batchserve vs batchserve unbatched images/s"] == 1.5  # 1.5, 2 and 1.5
     assert "batchserve unbatched vs batchserve images/s" not in result
     assert result["batchserve unbatched vs litserve images/s"] == 5.3333333333333333
+
+
+def test_the_peers_reports_title_names_the_peers_that_ran() -> None:
+    from benchmarks.peer_servers import title
+
+    model = "ssdlite320_mobilenet_v3_large"
+    assert title({"model": model, "peers": {"litserve": []}}) == (
+        f"batchserve beside LitServe: {model}"
+    )
+    both = title({"model": model, "peers": {"litserve": [], "rayserve": []}})
+    assert both == f"batchserve beside LitServe and Ray Serve: {model}"
+    assert title({"model": model, "peers": {}}) == f"batchserve beside itself: {model}"

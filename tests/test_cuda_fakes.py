@@ -131,9 +131,9 @@ def on_fake_cuda(engine: InferenceEngine, recorder: Recorder) -> CudaStreams:
     engine._slots = PinnedStaging(engine._make_slot, size=engine.max_inflight_batches)
     forward = engine.backend.forward
 
-    def recorded(batch: torch.Tensor) -> Any:
+    def recorded(batch: torch.Tensor, sizes: Any = None) -> Any:
         recorder.add("forward", recorder.current)
-        return forward(batch)
+        return forward(batch, sizes)
 
     engine.backend.forward = recorded  # type: ignore[method-assign]
     return streams
@@ -222,12 +222,12 @@ def test_a_failed_batch_settles_both_streams_before_its_slot_is_reused(
     forward = engine.backend.forward
     calls = 0
 
-    def failing_once(batch: torch.Tensor) -> Any:
+    def failing_once(batch: torch.Tensor, sizes: Any = None) -> Any:
         nonlocal calls
         calls += 1
         if calls == 1:
             raise RuntimeError("an illegal memory access")
-        return forward(batch)
+        return forward(batch, sizes)
 
     engine.backend.forward = failing_once  # type: ignore[method-assign]
     with pytest.raises(RuntimeError, match="illegal memory access"):
@@ -248,9 +248,9 @@ def test_no_capture_overlaps_another_engines_forward_pass(recorder: Recorder) ->
     intervals: list[tuple[str, float, float]] = []
     forward = serving.backend.forward
 
-    def timed(batch: torch.Tensor) -> Any:
+    def timed(batch: torch.Tensor, sizes: Any = None) -> Any:
         started = time.perf_counter()
-        result = forward(batch)
+        result = forward(batch, sizes)
         time.sleep(0.002)
         intervals.append(("forward", started, time.perf_counter()))
         return result
@@ -385,10 +385,12 @@ def test_pictures_of_one_size_are_resized_as_one_batch(monkeypatch: pytest.Monke
 
     monkeypatch.setattr(transforms_module, "interpolate", counted)
     answered = engine.run_batch(batch)
-    assert sorted(calls) == [1, 2, 4]  # one resize per size, not one per picture
+    # One resize per size (across, then down), not one per picture.
+    assert sorted(calls) == [1, 1, 2, 2, 4, 4]
     # The same answers as each picture fitted on its own.
-    monkeypatch.setattr(engine._collator, "_fitted", lambda pictures: {
-        index: fit(picture, engine.transform) for index, picture in pictures.items()})  # fmt: skip
+    monkeypatch.setattr(engine._collator, "_fitted", lambda pictures, placements: {
+        index: fit(picture, engine.transform, placements[index])
+        for index, picture in pictures.items()})  # fmt: skip
     alone = engine.run_batch(batch)
     for together, single in zip(answered, alone, strict=True):
         assert not isinstance(together, BaseException)

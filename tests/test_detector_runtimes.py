@@ -58,6 +58,26 @@ def test_boxes_that_tie_with_the_last_one_served_are_not_held_against_either_sid
     assert strict["box_recall"] == strict["box_precision"] == 0.0
 
 
+def test_a_runtime_that_keeps_only_its_best_boxes_fails_the_start_up_check() -> None:
+    """Only a true tie at the cut is excused: boxes that score below the last one the other
+    side served, by more than the tie, are misses."""
+    from app.engine.checks.task_check import CHECK_TIE, TASK_CHECK_BOUNDS, judged_task
+
+    rows = [(10.0 * i, 0, 10.0 * i + 8, 8, 0.9 - 0.01 * i, 1) for i in range(50)]
+    reference, best_three = detected(*rows), detected(*rows[:3])
+    figures = compare_detections([reference], [best_three], tie=CHECK_TIE)
+    assert figures["tied_boxes"] == 0
+    assert figures["box_recall"] == pytest.approx(3 / 50)
+    verdict = judged_task("detect", figures, TASK_CHECK_BOUNDS["fp32"])
+    assert not verdict["passed"]
+    assert verdict["failures"] == ["box_recall 0.060000 < 0.95"]
+    # A box that ties with the cut is the other side's rounding, not a miss.
+    tied = detected(*rows[:3], (500, 0, 508, 8, 0.87 + 1e-4, 1))
+    figures = compare_detections([detected(*rows[:3], rows[3])], [tied], tie=CHECK_TIE)
+    assert figures["tied_boxes"] == 2
+    assert figures["box_recall"] == 1.0
+
+
 def test_boxes_flattened_at_the_images_edge_match_only_their_own_corners() -> None:
     flat = detected((600, 768, 1000, 768, 0.2, 1))  # past the bottom edge, clipped
     same = detected((600.2, 768, 1000.3, 768, 0.2, 1))
@@ -105,51 +125,6 @@ def test_an_exported_detector_that_answers_other_boxes_stops_start_up(
         build_engine(settings.own_model())
 
 
-@pytest.fixture(scope="module")
-def ssdlite_weights(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    """SSDlite's weights drawn at random with He's normal scale, its class logits damped and
-    leaning to the background as a trained detector's are: scores that differ from anchor to
-    anchor, a few of them high (torchvision's own initialisation scores every anchor 1/91)."""
-    import torchvision
-
-    model = torchvision.models.get_model("ssdlite320_mobilenet_v3_large", weights=None,
-                                         weights_backbone=None)  # fmt: skip
-    generator = torch.Generator().manual_seed(0)
-    with torch.no_grad():
-        for parameter in model.parameters():
-            if parameter.dim() > 1:
-                scale = (2.0 / parameter[0].numel()) ** 0.5
-                parameter.copy_(torch.randn(parameter.shape, generator=generator) * scale)
-        for block in model.head.classification_head.module_list:
-            block[-1].weight.mul_(0.25)
-            block[-1].bias.view(-1, 91)[:, 0] += 4.0  # per anchor: 91 classes, background first
-    path = tmp_path_factory.mktemp("ssdlite") / "ssdlite.pt"
-    torch.save(model.state_dict(), path)
-    return path
-
-
-def test_ssdlite_on_onnx_runtime_answers_pytorchs_boxes(
-    tmp_path: Path, ssdlite_weights: Path
-) -> None:
-    common = {"model": "ssdlite320_mobilenet_v3_large", "weights": str(ssdlite_weights),
-              "artifacts_dir": tmp_path}  # fmt: skip
-    runtime = build_engine(make_settings(backend="onnxruntime", **common).own_model())
-    check = runtime.check
-    assert check is not None
-    assert check["passed"], check
-    assert check["reference_boxes"] > 100  # judged, not tied
-    assert check["matched_iou"] > 0.999
-    eager = build_engine(make_settings(backend="torch", **common).own_model())
-    sizes = [(400, 300), (200, 320), (333, 333)]
-    photos = [images.jpeg(images.photo(w, h, seed=seed)) for seed, (w, h) in enumerate(sizes)]
-    ours = [p.detected for p in served(runtime, photos) if p.detected is not None]
-    theirs = [p.detected for p in served(eager, photos) if p.detected is not None]
-    figures = compare_detections(theirs, ours, min_score=0.3)
-    assert figures["reference_boxes"] > 0
-    assert figures["box_recall"] == figures["box_precision"] == 1.0
-    assert figures["matched_iou"] > 0.999
-
-
 def test_a_runtime_detector_that_finds_nothing_passes_its_check_with_nothing_to_judge(
     tmp_path: Path, caplog: pytest.LogCaptureFixture
 ) -> None:
@@ -180,14 +155,14 @@ def test_a_two_stage_detector_in_two_parts_answers_as_it_does_whole() -> None:
     reference: Any = get_model(name, weights=None, weights_backbone=None)
     served_model.model.load_state_dict(reference.state_dict())
     served_model.model.roi_heads.score_thresh = 0.0  # every proposal's best classes answer
-    parts = detector_parts(served_model, 320)
+    parts = detector_parts(served_model, (320, 320))
     assert parts is not None
     assert parts.outputs == ("features_0", "features_1", "features_pool")
     batch = torch.randn(2, 3, 320, 320, generator=torch.Generator().manual_seed(3))
     with torch.inference_mode():
         whole = detections(served_model(batch))
-        split = parts.decode(parts.graph(batch))
-    assert int((whole[1] > 0).sum()) > 50
+        split = parts.decode(parts.graph(batch), (320, 320), None)
+    assert int((whole.scores > 0).sum()) > 50
     for got, want in zip(split, whole, strict=True):
         torch.testing.assert_close(got, want)
 
@@ -195,7 +170,6 @@ def test_a_two_stage_detector_in_two_parts_answers_as_it_does_whole() -> None:
 @pytest.mark.parametrize(
     ("model", "backend", "size"),
     [
-        ("tests.models:every_box_faster_rcnn", "onnxruntime", 320),
         ("tests.models:resnet18_faster_rcnn", "onnxruntime", 256),
         ("tests.models:resnet18_faster_rcnn", "openvino", 256),
     ],
@@ -206,9 +180,10 @@ def test_faster_rcnn_is_served_by_a_runtime_with_its_box_head_there_too(
     """The backbone and, on what PyTorch proposes, the RoI pooling, box head and predictors
     (from one pyramid level, or from four by the proposals' sizes) run on the runtime, and
     answer the boxes eager PyTorch does, judged by the start-up check on more than a hundred
-    boxes. The MobileNetV3 model is the one people serve; the ResNet-18 one is the judge: its
-    random boxes follow its features closely enough that pooling from the wrong level or at
-    the wrong scale fails its check (a random MobileNetV3's barely move)."""
+    boxes. The ResNet-18 model is the judge: its random boxes follow its features closely
+    enough that pooling from the wrong level or at the wrong scale fails its check (the
+    MobileNetV3 one people serve, whose random boxes barely move, is held to torchvision's own
+    answers on every runtime by the fidelity tests)."""
     settings = make_settings(model=model, task="detect", image_size=size, backend=backend,
                              artifacts_dir=tmp_path)  # fmt: skip
     engine = build_engine(settings.own_model())
@@ -233,23 +208,25 @@ def test_a_box_head_pools_each_proposal_from_its_own_pyramid_level() -> None:
     of ``roi_heads``' pooling and heads, answer what the model answers whole: on a ResNet-18
     pyramid, whose proposals are pooled from four levels by their size."""
     from app.engine.model.loading import load_model
-    from app.engine.tasks.adapters import detector_parts
+    from app.engine.tasks.adapters import DetectorDecoding, detector_parts
     from app.engine.tasks.outputs import detections
     from app.engine.tasks.rcnn import RcnnDecode
 
     loaded = load_model("tests.models:resnet18_faster_rcnn", "none", image_size=256, task="detect")
-    parts = detector_parts(loaded.module, 256)
+    parts = detector_parts(loaded.module, (256, 256))
     assert parts is not None
     assert parts.box_head is not None
-    assert isinstance(parts.decode, RcnnDecode)
-    assert len(parts.decode.pooling.maps) == 4
+    assert isinstance(parts.decode, DetectorDecoding)
+    pooled = parts.decode.decoder((256, 256))
+    assert isinstance(pooled, RcnnDecode)
+    assert len(pooled.pooling.maps) == 4
     box_head = parts.box_head
     decode = parts.decode.with_box_head(lambda inputs: box_head(*inputs))
     batch = torch.randn(2, 3, 256, 256, generator=torch.Generator().manual_seed(3))
     with torch.inference_mode():
         whole = detections(loaded.module(batch))
-        split = decode(parts.graph(batch))
-    assert int((whole[1] > 0).sum()) > 50
+        split = decode(parts.graph(batch), (256, 256), None)
+    assert int((whole.scores > 0).sum()) > 50
     for got, want in zip(split, whole, strict=True):
         torch.testing.assert_close(got, want)
 
@@ -264,67 +241,12 @@ def test_a_dense_detector_in_two_parts_answers_as_it_does_whole(model: str) -> N
     from app.engine.tasks.outputs import detections
 
     loaded = load_model(f"tests.models:{model}", "none", image_size=256, task="detect")
-    parts = detector_parts(loaded.module, 256)
+    parts = detector_parts(loaded.module, (256, 256))
     assert parts is not None
     batch = torch.randn(2, 3, 256, 256, generator=torch.Generator().manual_seed(3))
     with torch.inference_mode():
         whole = detections(loaded.module(batch))
-        split = parts.decode(parts.graph(batch))
-    assert int((whole[1] > 0).sum()) >= 200
+        split = parts.decode(parts.graph(batch), (256, 256), None)
+    assert int((whole.scores > 0).sum()) >= 200
     for got, want in zip(split, whole, strict=True):
         torch.testing.assert_close(got, want)
-
-
-@pytest.mark.parametrize(
-    ("model", "backend"), [("resnet18_retinanet", "onnxruntime"), ("resnet18_fcos", "openvino")]
-)
-def test_retinanet_and_fcos_are_served_by_a_runtime(
-    tmp_path: Path, model: str, backend: str
-) -> None:
-    settings = make_settings(model=f"tests.models:{model}", task="detect", image_size=256,
-                             backend=backend, artifacts_dir=tmp_path)  # fmt: skip
-    engine = build_engine(settings.own_model())
-    assert (engine.backend.name, engine.precision) == (backend, "fp32")
-    check = engine.check
-    assert check is not None
-    assert check["passed"], check
-    assert check["reference_boxes"] > 100
-    (answer,) = served(engine, [images.jpeg(images.photo(400, 300))])
-    assert answer.detected is not None
-
-
-def test_mask_rcnn_answers_its_boxes_without_its_mask_branch() -> None:
-    """Served as a detector, Mask R-CNN answers boxes: the adapter drops its mask branch (four
-    convolutions on every detection, and masks pasted into the image) and the boxes stay what
-    the model with its masks answers; its box head is then a graph for the runtime."""
-    import copy
-    from typing import Any
-
-    from torchvision.models.detection import MaskRCNN
-    from torchvision.models.detection.backbone_utils import resnet_fpn_backbone
-
-    from app.engine.model.loading import load_model
-    from app.engine.tasks.adapters import detector_parts
-    from app.engine.tasks.outputs import detections
-
-    loaded = load_model("tests.models:resnet18_mask_rcnn", "none", image_size=256, task="detect")
-    served_model: Any = loaded.module
-    heads = served_model.model.roi_heads
-    assert not heads.has_mask()
-    whole: Any = copy.deepcopy(served_model)  # with a mask branch again (a mask's weights
-    # do not move a box)
-    donor: Any = MaskRCNN(resnet_fpn_backbone(backbone_name="resnet18", weights=None), 5)
-    for part in ("mask_roi_pool", "mask_head", "mask_predictor"):
-        setattr(whole.model.roi_heads, part, getattr(donor.roi_heads, part))
-    assert whole.model.roi_heads.has_mask()
-    batch = torch.randn(2, 3, 256, 256, generator=torch.Generator().manual_seed(3))
-    with torch.inference_mode():
-        with_masks = whole.eval()(batch)
-        boxes_only = served_model(batch)
-    assert "masks" in with_masks[0]
-    assert "masks" not in boxes_only[0]
-    for got, want in zip(detections(boxes_only), detections(with_masks), strict=True):
-        torch.testing.assert_close(got, want)
-    parts = detector_parts(served_model, 256)
-    assert parts is not None
-    assert parts.box_head is not None

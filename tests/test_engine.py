@@ -287,7 +287,9 @@ def test_run_batch_returns_sorted_top_k_per_request() -> None:
 
 def test_one_bad_item_does_not_fail_the_batch() -> None:
     engine = make_engine()
-    broken = ImageRequest(PreparedImage(ImageHeader(ImageFormat.JPEG, 9, 9)), top_k=1)
+    # Neither pixels nor bytes: nothing to batch.
+    header = ImageHeader(ImageFormat.JPEG, 9, 9)
+    broken = ImageRequest(PreparedImage(header, engine.transform.placement(9, 9)), top_k=1)
     results = engine.run_batch([request(1), broken, request(2)])
     assert isinstance(results[1], ValueError)
     assert not isinstance(results[0], BaseException)
@@ -432,7 +434,9 @@ def test_each_batch_is_reported_to_the_observer() -> None:
     engine = torch_engine(observer=observer)
     engine.warmup((1, 2))
     assert observer.reports == []  # warm-up batches are not traffic
-    broken = ImageRequest(PreparedImage(ImageHeader(ImageFormat.JPEG, 9, 9)), top_k=1)
+    # Neither pixels nor bytes: nothing to batch.
+    header = ImageHeader(ImageFormat.JPEG, 9, 9)
+    broken = ImageRequest(PreparedImage(header, engine.transform.placement(9, 9)), top_k=1)
     engine.run_batch([request(1), broken, request(2)])
     (report,) = observer.reports
     assert (report.rows, report.padded_rows) == (2, 2)
@@ -461,9 +465,9 @@ def test_a_slot_keeps_the_tensors_of_its_batch_until_the_batch_is_done() -> None
     held_during_forward: list[int] = []
     forward = engine.backend.forward
 
-    def spying(batch: torch.Tensor) -> Any:
+    def spying(batch: torch.Tensor, sizes: Any = None) -> Any:
         held_during_forward.append(slot.held)
-        return forward(batch)
+        return forward(batch, sizes)
 
     engine.backend.forward = spying  # type: ignore[method-assign]
     pictures = [images.jpeg(images.photo(200, 150, seed=seed)) for seed in range(3)]
@@ -478,7 +482,7 @@ def test_a_failed_batch_lets_its_device_work_end_before_freeing_its_slot() -> No
     settled: list[object] = []
     engine._streams.settle = settled.append  # type: ignore[method-assign,assignment]
 
-    def failing(batch: torch.Tensor) -> torch.Tensor:
+    def failing(batch: torch.Tensor, sizes: Any = None) -> torch.Tensor:
         raise RuntimeError("kernel failed")
 
     engine.backend.forward = failing  # type: ignore[method-assign]

@@ -72,9 +72,39 @@ def test_decompression_bombs_are_refused_from_the_header(bomb: object) -> None:
     data = bomb()  # type: ignore[operator]
     assert len(data) < 5000
     started = time.perf_counter()
-    with pytest.raises(ImageTooLargeError, match="60000x60000"):
+    # Past Pillow's own bound (about 179 million pixels), refused as it opens the header.
+    with pytest.raises(ImageTooLargeError, match="declares too many pixels"):
         prepare(data, TransformConfig())
     assert time.perf_counter() - started < 1.0  # refused before any decoding
+
+
+def test_pixels_over_the_limit_are_refused_before_anything_decodes(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """A PNG without an early eXIf chunk: reading its orientation must not decode it (Pillow's
+    ``getexif`` would, to look for one after its pixels), nor anything else before the pixel
+    limit has refused it; past Pillow's own bound it is refused as it opens."""
+    from PIL import PngImagePlugin
+
+    decoded: list[tuple[int, int]] = []
+    load = PngImagePlugin.PngImageFile.load
+
+    def counted(image: PngImagePlugin.PngImageFile) -> object:
+        decoded.append(image.size)
+        return load(image)
+
+    monkeypatch.setattr(PngImagePlugin.PngImageFile, "load", counted)
+    within_pillows_bound = images.blank_png(10_000, 10_000)  # 100 million pixels
+    with pytest.raises(ImageTooLargeError, match="10000x10000"):
+        prepare(within_pillows_bound, TransformConfig())
+    assert decoded == []
+    past_it = images.blank_png(20_000, 20_000)
+    assert len(past_it) < 400_000
+    with pytest.raises(ImageTooLargeError, match="declares too many pixels"):
+        prepare(past_it, TransformConfig())
+    assert decoded == []
+    prepare(images.blank_png(300, 200), TransformConfig())  # within the limits: decoded
+    assert set(decoded) == {(300, 200)}
 
 
 def test_pixel_limit_and_extreme_aspect_ratios() -> None:
@@ -195,12 +225,10 @@ def test_matches_torchvision_weights_transforms(size: tuple[int, int]) -> None:
     normalize_into([prepared.pixels], ours, config)
 
     decoded = decode(data)
-    # Same decoded tensor through torchvision's own transform: the v1 transform resizes in
-    # float and rounds, the v2 kernel resizes uint8 directly, so pixels may differ by one level.
+    # The same decoded tensor through torchvision's own transform (its v1 resize, in float
+    # and rounded): the same numbers.
     reference_tensor = preset(decoded).unsqueeze(0)
-    one_level = 1 / 255 / min(config.std) + 1e-4
-    assert (ours - reference_tensor).abs().max() <= one_level
-    assert (ours - reference_tensor).abs().mean() < one_level / 3
+    assert torch.equal(ours, reference_tensor)
     # From a PIL image (Pillow's resize): the same picture within a small tolerance.
     reference_pil = preset(F.to_pil_image(decoded)).unsqueeze(0)
     difference = (ours - reference_pil).abs()
@@ -211,9 +239,11 @@ def test_matches_torchvision_weights_transforms(size: tuple[int, int]) -> None:
 @pytest.mark.parametrize("mode", ["bilinear", "bicubic", "nearest"])
 @pytest.mark.parametrize("layout", ["chw", "hwc"])
 def test_the_transform_is_torchvisions_own(mode: str, layout: str) -> None:
-    """Resize, crop and normalisation give torchvision's exact numbers (its tensor transforms,
-    which the server does not import), for planar and interleaved (decoded HWC) images."""
+    """Resize, crop and normalisation give torchvision's exact numbers (the tensor transforms
+    its weights' ``transforms()`` call, which the server does not import), for planar and
+    interleaved (decoded HWC) images."""
     from torchvision.transforms import InterpolationMode
+    from torchvision.transforms import functional as v1
 
     config = TransformConfig(interpolation=Interpolation(mode))
     generator = torch.Generator().manual_seed(7)
@@ -221,14 +251,14 @@ def test_the_transform_is_torchvisions_own(mode: str, layout: str) -> None:
         pixels = torch.randint(0, 256, (height, width, 3), dtype=torch.uint8, generator=generator)
         image = pixels.permute(2, 0, 1) if layout == "hwc" else pixels.permute(2, 0, 1).clone()
         ours = resize_crop(image, config)
-        theirs = F.center_crop(
-            F.resize(image, [256], InterpolationMode(mode), antialias=True), [224, 224]
+        theirs = v1.center_crop(
+            v1.resize(image, [256], InterpolationMode(mode), antialias=True), [224, 224]
         )
         assert torch.equal(ours, theirs), (mode, layout, height, width)
         batch = torch.empty(1, 3, 224, 224)
         normalize_into([ours], batch, config)
-        expected = F.normalize(F.to_dtype(theirs, torch.float32, scale=True), config.mean,
-                               config.std)  # fmt: skip
+        expected = v1.normalize(v1.convert_image_dtype(theirs, torch.float32), config.mean,
+                                config.std)  # fmt: skip
         assert torch.equal(batch[0], expected)
 
 

@@ -304,32 +304,45 @@ async def test_requests_for_unknown_models_do_not_list_the_repository(tmp_path: 
         assert "'late' has no version loaded" in listed.json()["error"]["message"]
 
 
-def squeezenet_checkpoint(seed: int) -> bytes:
-    """A ten-class squeezenet1_1's random weights, as ``torch.save`` writes them."""
+def squeezenet_checkpoint(seed: int, model: str = "squeezenet1_1") -> bytes:
+    """A model's random weights (by default a ten-class squeezenet1_1's), as ``torch.save``
+    writes them."""
     import io
 
-    from torchvision.models import squeezenet1_1
+    from torchvision.models import get_model
 
+    kwargs: dict[str, Any] = {"num_classes": 10} if model == "squeezenet1_1" else {
+        "weights_backbone": None}  # fmt: skip
     with torch.random.fork_rng(devices=[]):
         torch.manual_seed(seed)
-        model = squeezenet1_1(num_classes=10)
+        built = get_model(model, weights=None, **kwargs)
+    if model != "squeezenet1_1":  # a detector: weights whose boxes differ
+        from harness.reference import decoded
+        from harness.spread import spread
+
+        photo = decoded(PHOTO).float() / 255
+        spread(built, lambda each: each([photo]), seed, class_spread=1.3)
     buffer = io.BytesIO()
-    torch.save(model.state_dict(), buffer)
+    torch.save(built.state_dict(), buffer)
     return buffer.getvalue()
 
 
 @pytest.mark.slow
+@pytest.mark.parametrize("model", ["squeezenet1_1", "ssdlite320_mobilenet_v3_large"])
 async def test_a_checkpoint_replaced_under_its_size_and_mtime_serves_its_new_weights(
-    tmp_path: Path,
+    tmp_path: Path, model: str
 ) -> None:
     """``rsync -a`` and ``tar`` keep modification times: a reload after the file changed must
-    serve what the file now holds, not what a card or artefact remembers of the old one."""
+    serve what the file now holds, not what a card or artefact remembers of the old one, for a
+    classifier served from a kept artefact and for a detector, whose module is always built."""
     root = tmp_path / "models"
     labels = tmp_path / "labels.txt"
     labels.write_text("\n".join(f"class {index}" for index in range(10)) + "\n")
+    options: dict[str, Any] = {"labels": str(labels)} if model == "squeezenet1_1" else {
+        "min_score": 0.0}  # fmt: skip
     for name in ("net", "fresh"):
-        add_model(root, name, (1,), model="squeezenet1_1", labels=str(labels))
-    old, new = squeezenet_checkpoint(1), squeezenet_checkpoint(2)
+        add_model(root, name, (1,), model=model, **options)
+    old, new = squeezenet_checkpoint(1, model), squeezenet_checkpoint(2, model)
     assert len(old) == len(new)
     assert old != new
     weights = root / "net" / "1" / "model.pt"
@@ -339,7 +352,8 @@ async def test_a_checkpoint_replaced_under_its_size_and_mtime_serves_its_new_wei
                              load_models=("net",),
                              artifacts_dir=tmp_path / "artifacts")  # fmt: skip
     async with serve(settings) as (_, client):
-        before = (await predict(client, "?model=net&top_k=10")).json()["predictions"]
+        answer = "predictions" if model == "squeezenet1_1" else "detections"
+        before = (await predict(client, "?model=net&top_k=10")).json()[answer]
         stat = weights.stat()
         weights.write_bytes(new)
         os.utime(weights, ns=(stat.st_atime_ns, stat.st_mtime_ns))
@@ -349,12 +363,14 @@ async def test_a_checkpoint_replaced_under_its_size_and_mtime_serves_its_new_wei
         for name in ("net", "fresh"):
             loaded = await client.post(f"/v2/repository/models/{name}/load")
             assert loaded.status_code == 200, loaded.text
-        after = (await predict(client, "?model=net&top_k=10")).json()["predictions"]
-        expected = (await predict(client, "?model=fresh&top_k=10")).json()["predictions"]
+        after = (await predict(client, "?model=net&top_k=10")).json()[answer]
+        expected = (await predict(client, "?model=fresh&top_k=10")).json()[answer]
+    assert after
     assert after != before
     assert [entry["index"] for entry in after] == [entry["index"] for entry in expected]
     for got, want in zip(after, expected, strict=True):
         assert got["score"] == pytest.approx(want["score"], abs=1e-5)
+        assert got.get("box") == pytest.approx(want.get("box"), abs=1e-3)
 
 
 async def test_a_request_still_decoding_when_the_drain_ends_is_answered_not_ready(

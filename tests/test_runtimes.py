@@ -439,9 +439,9 @@ def torch_threads_in_a_batch(engine: InferenceEngine, starting: int) -> int:
     seen: list[int] = []
     forward = engine.backend.forward
 
-    def counting(batch: torch.Tensor) -> Any:
+    def counting(batch: torch.Tensor, sizes: Any = None) -> Any:
         seen.append(torch.get_num_threads())
-        return forward(batch)
+        return forward(batch, sizes)
 
     engine.backend.forward = counting  # type: ignore[method-assign]
     image = engine.prepare(images.jpeg(images.photo(64, 48)))

@@ -39,7 +39,7 @@ class Recording(Backend):
         self.calls: list[tuple[int, str, int, bool]] = []
         self.side_by_side = side_by_side
 
-    def forward(self, batch: torch.Tensor) -> torch.Tensor:
+    def forward(self, batch: torch.Tensor, sizes: Any = None) -> torch.Tensor:
         self.calls.append((batch.shape[0], threading.current_thread().name,
                            torch.get_num_threads(), torch.is_inference_mode_enabled()))  # fmt: skip
         if self.side_by_side is not None:
@@ -91,7 +91,7 @@ class FailsFirst(Recording):
         super().__init__()
         self.started, self.ended = threading.Event(), threading.Event()
 
-    def forward(self, batch: torch.Tensor) -> torch.Tensor:
+    def forward(self, batch: torch.Tensor, sizes: Any = None) -> torch.Tensor:
         if threading.current_thread() is threading.main_thread():
             assert self.started.wait(timeout=10)
             raise ValueError("a piece failed")

@@ -288,15 +288,17 @@ def test_a_kept_artefact_serves_without_building_the_eager_model(
     assert done.returncode == 0, done.stderr[-4000:]
 
 
-def test_a_card_that_no_longer_fits_its_weights_stops_the_start(tmp_path: Path) -> None:
+def test_a_card_that_no_longer_fits_its_weights_is_rebuilt_from_the_checkpoint(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
     """A card that says other weights than the settings build (as a checkpoint rewritten in
     place with the same size and time would leave): the first time the module is needed (here:
-    an artefact to export again), the start stops instead of exporting under the wrong name."""
+    an artefact to export again), the model is built again from the checkpoint and exported
+    under its own name, never under the card's, and the card is written anew."""
     import json
     import shutil
 
     from app.engine.model.cards import card_path
-    from app.engine.model.loading import ModelLoadError
 
     settings = make_settings(model=TORCHVISION_MODEL, weights="none", backend="onnxruntime",
                              artifacts_dir=tmp_path / "artifacts")  # fmt: skip
@@ -306,8 +308,11 @@ def test_a_card_that_no_longer_fits_its_weights_stops_the_start(tmp_path: Path) 
     kept = json.loads(card.read_text())
     card.write_text(json.dumps({**kept, "digest": "0" * 64}))
     shutil.rmtree(Path(first.backend.describe()["artifact"]).parent)
-    with pytest.raises(ModelLoadError, match="remove the card"):
-        build_engine(settings.own_model())
+    with caplog.at_level("WARNING", logger="batchserve"):
+        again = build_engine(settings.own_model())
+    assert "building from the checkpoint" in caplog.text
+    assert again.backend.describe()["artifact"] == first.backend.describe()["artifact"]
+    assert json.loads(card.read_text())["digest"] == kept["digest"]
 
 
 def test_a_factory_model_gets_no_card() -> None:
