@@ -196,6 +196,17 @@ def ratios(samples: dict[str, list[dict[str, Any]]], peers: list[str]) -> dict[s
     return result
 
 
+# How each peer is named in a report.
+PEER_NAMES = {"litserve": "LitServe", "rayserve": "Ray Serve"}
+
+
+def title(data: dict[str, Any]) -> str:
+    """The report's title: the peers that ran, and the model."""
+    names = [PEER_NAMES.get(name, name) for name in data["peers"]]
+    beside = " and ".join(names) if names else "itself"
+    return f"batchserve beside {beside}: {data['model']}"
+
+
 def markdown(data: dict[str, Any]) -> str:
     rows = [
         [name, m["throughput"], m["p50_ms"], m["p99_ms"], m["one_client_p50_ms"],
@@ -215,7 +226,7 @@ def markdown(data: dict[str, Any]) -> str:
         f"{name} ({settings or 'defaults'})"
         for name, _, settings in (config.partition(":") for config in data["configs"])
     )
-    return f"""# batchserve beside LitServe and Ray Serve: {data["model"]}
+    return f"""# {title(data)}
 
 `python -m benchmarks.peer_servers --model {data["model"]} --batch-size {data["batch_size"]} \\
 --clients {data["clients"]} --rounds {data["rounds"]}{chosen}`. Medians of {data["rounds"]}

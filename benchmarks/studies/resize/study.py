@@ -33,7 +33,8 @@ from torch.nn.functional import interpolate
 from benchmarks.common import command_line, machine, machine_markdown, median, publish, table
 from benchmarks.studies.decode.study import SIZES, jpegs
 from preprocessing import decode_cpu, read_header
-from preprocessing.transforms import Interpolation, resize, resized_size
+from preprocessing.placement import resized_size
+from preprocessing.transforms import Interpolation, resize
 
 HERE = Path(__file__).resolve().parent  # the study's report and its runs
 

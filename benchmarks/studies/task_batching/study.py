@@ -68,7 +68,7 @@ def measure(model: str, backend: str, artifacts: Path, repeats: int) -> dict[str
                         artifacts_dir=artifacts, max_batch_size=8, grpc_port=0,
                         shards=1, **int8)  # fmt: skip
     engine = build_engine(settings.own_model())
-    loaded = load_configured_model(settings.own_model())  # its letterbox and statistics
+    loaded = load_configured_model(settings.own_model())  # its own input and statistics
     photos = generate(8)
     (batch,) = [torch.from_numpy(each) for each in calibration_batches(loaded, photos, 8)]
     backend_ = engine.backend
@@ -76,9 +76,9 @@ def measure(model: str, backend: str, artifacts: Path, repeats: int) -> dict[str
     decode = backend_.decode
     if decode is not None:  # a runtime's graph: time what PyTorch decodes of it apart
 
-        def timed(outputs: Any) -> Any:
+        def timed(outputs: Any, canvas: tuple[int, int], sizes: Any) -> Any:
             started = time.perf_counter()
-            answer = decode(outputs)
+            answer = decode(outputs, canvas, sizes)
             decode_s[len(outputs[0])] = min(decode_s.get(len(outputs[0]), 1e9),
                                             time.perf_counter() - started)  # fmt: skip
             return answer
