@@ -124,18 +124,30 @@ def mask_rcnn() -> nn.Module:
     from torchvision.models.detection.faster_rcnn import FastRCNNPredictor
     from torchvision.models.detection.mask_rcnn import MaskRCNNHeads, MaskRCNNPredictor
 
-    return _built(MaskRCNN(_pyramid(), box_predictor=FastRCNNPredictor(1024, 91),
-                           mask_head=MaskRCNNHeads(256, [64, 64], 1),
-                           mask_predictor=MaskRCNNPredictor(64, 64, 91), **SMALL, **FEW))  # fmt: skip
+    model = MaskRCNN(
+        _pyramid(),
+        box_predictor=FastRCNNPredictor(1024, 91),
+        mask_head=MaskRCNNHeads(256, [64, 64], 1),
+        mask_predictor=MaskRCNNPredictor(64, 64, 91),
+        **SMALL,
+        **FEW,
+    )
+    return _built(model)
 
 
 def keypoint_rcnn() -> nn.Module:
     from torchvision.models.detection import KeypointRCNN
     from torchvision.models.detection.keypoint_rcnn import KeypointRCNNHeads
 
-    heads = KeypointRCNNHeads(256, [64, 64])
-    return _built(KeypointRCNN(_pyramid(), num_classes=2, keypoint_head=heads,
-                               keypoint_predictor=_keypoint_predictor(), **SMALL, **FEW))  # fmt: skip
+    model = KeypointRCNN(
+        _pyramid(),
+        num_classes=2,
+        keypoint_head=KeypointRCNNHeads(256, [64, 64]),
+        keypoint_predictor=_keypoint_predictor(),
+        **SMALL,
+        **FEW,
+    )
+    return _built(model)
 
 
 def _keypoint_predictor() -> nn.Module:
