@@ -2,9 +2,11 @@
 
 from __future__ import annotations
 
+import io
 from pathlib import Path
 
 from app.engine import synthetic_jpegs
+from app.engine.warmup import synthetic_photo
 
 IMAGE_SUFFIXES = {".jpg", ".jpeg", ".png", ".webp"}
 
@@ -12,6 +14,16 @@ IMAGE_SUFFIXES = {".jpg", ".jpeg", ".png", ".webp"}
 def generate(count: int = 64, quality: int = 90, seed: int = 0) -> list[bytes]:
     """Photo-like JPEGs made here (the same generator the server warms up with)."""
     return synthetic_jpegs(count, quality, seed)
+
+
+def camera(count: int = 64, size: tuple[int, int] = (640, 480), seed: int = 0) -> list[bytes]:
+    """Photo-like JPEGs all of one size (``width``, ``height``), as one camera's frames."""
+    frames = []
+    for index in range(count):
+        buffer = io.BytesIO()
+        synthetic_photo(*size, seed + index).save(buffer, "JPEG", quality=90)
+        frames.append(buffer.getvalue())
+    return frames
 
 
 def load(folder: Path, limit: int | None = None) -> list[bytes]:

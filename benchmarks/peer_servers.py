@@ -39,7 +39,8 @@ from benchmarks.common import (
     table,
 )
 from benchmarks.compare import server_env, variants
-from benchmarks.corpus import corpus, generate
+from benchmarks.corpus import camera, corpus, generate
+from harness import promtext
 from harness.servers import ROOT, ServerProcess, UvicornProcess, first_answer, free_port
 
 PEERS_DIR = ROOT / ".peers"
@@ -88,21 +89,42 @@ def peer_server(name: str, model: str, batch_size: int) -> ServerProcess:
 
 
 def loaded(server: ServerProcess, images: list[bytes], clients: int,
-           args: argparse.Namespace) -> dict[str, Any]:  # fmt: skip
+           args: argparse.Namespace) -> tuple[dict[str, Any], dict[str, float]]:  # fmt: skip
     """A warm-up load, then one answer (so that what the warm-up's clients left queued is
     done: a server that does not drop the work of a client that went away would otherwise
     spend the measured window on it, and with a slow model answer nothing in it), then the
-    measured load."""
+    measured load; with the images per forward pass of each canvas in it (batchserve only)."""
     wrk.run(server.url, images, clients, 0, args.warmup, multipart=True)
     first_answer(server, images[0], timeout_s=600.0)
-    return wrk.run(server.url, images, clients, 0, args.duration, multipart=True)
+    before = scrape(server.url)
+    result = wrk.run(server.url, images, clients, 0, args.duration, multipart=True)
+    return result, canvas_batches(before, scrape(server.url))
+
+
+def scrape(url: str) -> promtext.Samples:
+    """batchserve's metrics; nothing for a peer."""
+    return promtext.from_response(httpx.get(f"{url}/metrics", timeout=30))
+
+
+def canvas_batches(before: promtext.Samples, after: promtext.Samples) -> dict[str, float]:
+    """The mean images per forward pass of each input shape between two scrapes."""
+    delta = promtext.ServerDelta(before, after, 0.0)
+    canvases = {dict(labels)["canvas"] for name, labels in after
+                if name == "batchserve_canvas_batch_size_count"}  # fmt: skip
+    means = {}
+    for canvas in sorted(canvases):
+        passes = delta.delta("batchserve_canvas_batch_size_count", canvas=canvas)
+        if passes:
+            images = delta.delta("batchserve_canvas_batch_size_sum", canvas=canvas)
+            means[canvas] = images / passes
+    return means
 
 
 def measure(server: ServerProcess, images: list[bytes], args: argparse.Namespace) -> dict[str, Any]:
     with server:
         first_answer(server, images[0])
-        many = loaded(server, images, args.clients, args)
-        one = loaded(server, images, 1, args)
+        many, batches = loaded(server, images, args.clients, args)
+        one, _ = loaded(server, images, 1, args)
     if many["errors"] or one["errors"]:
         print(f"    errors: {many['errors']} {one['errors']}", flush=True)
     return {
@@ -110,11 +132,12 @@ def measure(server: ServerProcess, images: list[bytes], args: argparse.Namespace
         "p99_ms": many["latency_ms"]["p99"], "one_client_p50_ms": one["latency_ms"]["p50"],
         "one_client_p99_ms": one["latency_ms"]["p99"],
         "errors": sum(many["errors"].values()) + sum(one["errors"].values()),
+        "canvas_batches": batches,
     }  # fmt: skip
 
 
 def run(args: argparse.Namespace) -> dict[str, Any]:
-    images = corpus(args.images, 64)
+    images = camera(64) if args.shapes == "one" else corpus(args.images, 64)
     stack = ExitStack()
     scratch = Path(stack.enter_context(tempfile.TemporaryDirectory()))
     calibration = scratch / "calibration"
@@ -155,12 +178,14 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
                 print(f"  {name}: {sample['throughput']:.1f} images/s @{args.clients}, "
                       f"p50 @1 {sample['one_client_p50_ms']:.1f} ms", flush=True)  # fmt: skip
     medians = {
-        name: {key: median([sample[key] for sample in rows]) for key in rows[0]}
+        name: {key: median([sample[key] for sample in rows])
+               for key in rows[0] if key != "canvas_batches"}
         for name, rows in samples.items()
-    }
+    }  # fmt: skip
     return {
         "machine": machine(), "model": args.model, "batch_size": args.batch_size,
         "clients": args.clients, "rounds": args.rounds, "duration_s": args.duration,
+        "shapes": args.shapes,
         "configs": args.configs, "peers": {name: PEERS[name]["install"] for name in args.peers},
         "served": served,
         "medians": medians, "ratios": ratios(samples, args.peers), "samples": samples,
@@ -216,12 +241,20 @@ def markdown(data: dict[str, Any]) -> str:
     peers = ", ".join(" ".join(spec) for spec in data["peers"].values())
     peer_text = (
         f"Peers ({peers}) written as their documentation shows (`benchmarks/peer_apps`): eager "
-        "torchvision model, torchvision transforms, dynamic batching with the same batch size "
-        "and a 10 ms window."
+        "torchvision model with its own preprocessing (a detector called on the list of images, "
+        "a segmenter on the images of each shape stacked), dynamic batching with the same "
+        "batch size and a 10 ms window."
         if peers
         else "No peer ran."
     )
     chosen = "" if set(data["peers"]) == set(PEERS) else f" --peers {' '.join(data['peers'])}"
+    shapes = data.get("shapes", "mixed")
+    images = (
+        "64 photo-like JPEGs of one size, 640x480 (one camera's frames)"
+        if shapes == "one"
+        else "64 photo-like JPEGs of six sizes in turn (500x375, 640x480, 375x500, 800x600, "
+        "500x333, 1024x768: mixed traffic)"
+    )
     configs = ", ".join(
         f"{name} ({settings or 'defaults'})"
         for name, _, settings in (config.partition(":") for config in data["configs"])
@@ -229,7 +262,8 @@ def markdown(data: dict[str, Any]) -> str:
     return f"""# {title(data)}
 
 `python -m benchmarks.peer_servers --model {data["model"]} --batch-size {data["batch_size"]} \\
---clients {data["clients"]} --rounds {data["rounds"]}{chosen}`. Medians of {data["rounds"]}
+--clients {data["clients"]} --rounds {data["rounds"]} --shapes {shapes}{chosen}`, on {images}.
+Medians of {data["rounds"]}
 interleaved rounds, a fresh process for every server in every round, {data["duration_s"]} s per
 load after a warm-up whose queued requests were answered first; wrk on the same machine posting
 the same images as multipart field `file`.
@@ -256,6 +290,7 @@ Ratios: the median over rounds of each round's ratio.
 
 {table(["ratio", "value"], [[name, value] for name, value in data["ratios"].items()])}
 
+{batches_text(data)}
 Per round (images/s @{data["clients"]}; one-client p50 ms):
 
 {
@@ -274,6 +309,27 @@ Per round (images/s @{data["clients"]}; one-client p50 ms):
 """
 
 
+def batches_text(data: dict[str, Any]) -> str:
+    """The images per forward pass each batchserve server formed at full load, per input
+    shape (the shape the model's own transform gives an image; only equal ones batch)."""
+    rows = []
+    for name, samples in data["samples"].items():
+        canvases = sorted(
+            {canvas for sample in samples for canvas in sample.get("canvas_batches", {})}
+        )
+        for canvas in canvases:
+            means = [sample["canvas_batches"].get(canvas, 0.0) for sample in samples]
+            rows.append([name, canvas, *(f"{mean:.2f}" for mean in means)])
+    if not rows:
+        return ""
+    heading = ["server", "input shape (h x w)",
+               *(f"round {i + 1}" for i in range(data["rounds"]))]  # fmt: skip
+    return (
+        f"Images per forward pass at {data['clients']} clients, by input shape (the mean over "
+        f"the measured load, from `batchserve_canvas_batch_size`):\n\n{table(heading, rows)}\n"
+    )
+
+
 def main() -> None:
     parser = command_line(__doc__, __file__)
     parser.add_argument("--model", default="resnet18")
@@ -284,14 +340,17 @@ def main() -> None:
                         "OpenVINO INT8 for a classifier; the default and unbatched for a "
                         "detector or segmenter)")  # fmt: skip
     parser.add_argument("--peers", nargs="*", default=list(PEERS), choices=list(PEERS))
-    parser.add_argument("--name", help="results/<name>.md (default: peers-<model>)")
+    parser.add_argument("--shapes", choices=["mixed", "one"], default="mixed",
+                        help="the generated images: six sizes in turn, or all 640x480")  # fmt: skip
+    parser.add_argument("--name", help="results/<name>.md (default: peers-<model>[-one-shape])")
     args = parser.parse_args()
     wrk.require()
     if args.configs is None:
         classify = resolve_task("auto", args.model) == "classify"
         args.configs = BATCHSERVE if classify else BATCHSERVE_TASKS
     data = run(args)
-    publish(args.name or f"peers-{args.model}", data, markdown(data))
+    suffix = "-one-shape" if args.shapes == "one" else ""
+    publish(args.name or f"peers-{args.model}{suffix}", data, markdown(data))
     print(json.dumps(data["ratios"], indent=1))
 
 

@@ -521,3 +521,24 @@ def test_the_peers_reports_title_names_the_peers_that_ran() -> None:
     both = title({"model": model, "peers": {"litserve": [], "rayserve": []}})
     assert both == f"batchserve beside LitServe and Ray Serve: {model}"
     assert title({"model": model, "peers": {}}) == f"batchserve beside itself: {model}"
+
+
+def test_the_peers_report_gives_the_images_per_pass_of_each_shape_in_the_measured_load() -> None:
+    from benchmarks.peer_servers import canvas_batches
+    from harness import promtext
+
+    def scrape(*rows: tuple[str, float, float]) -> promtext.Samples:
+        text = "# TYPE batchserve_canvas_batch_size histogram\n"
+        for canvas, count, passes in rows:
+            labels = f'canvas="{canvas}",model="m",version="1"'
+            text += (
+                f'batchserve_canvas_batch_size_bucket{{{labels},le="+Inf"}} {passes}\n'
+                f"batchserve_canvas_batch_size_sum{{{labels}}} {count}\n"
+                f"batchserve_canvas_batch_size_count{{{labels}}} {passes}\n"
+            )
+        return promtext.parse(text)
+
+    before = scrape(("320x448", 10, 10))
+    after = scrape(("320x448", 10 + 64, 10 + 8), ("448x320", 6, 3))
+    assert canvas_batches(before, after) == {"320x448": 8.0, "448x320": 2.0}
+    assert canvas_batches({}, {}) == {}

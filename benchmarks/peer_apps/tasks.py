@@ -1,20 +1,22 @@
-"""What a peer does for each task, written as a user of that server would: torchvision's
-model with random weights, torchvision's transforms, answers in the original image's pixels.
+"""What a peer does for each task, written as a user of that server would, following
+torchvision's documentation: the model with random weights and its own preprocessing, answers
+in the original image's pixels.
 
 - classify: ``classifier`` (resize, centre crop, top-5);
-- detect: the detector's own transform (images of any size in one list; resized so that their
-  longer side is the served size, as batchserve letterboxes to it), boxes above 0.3, at most
-  100, in the original image's pixels (torchvision maps them back itself);
-- segment: each image resized to the served square (the aspect ratio lost: a batch needs one
-  shape), the per-pixel arg-max resized back to the image's size and answered as a PNG, with
-  each class's pixel count.
+- detect: ``model(list_of_images)`` as torchvision documents it: each image a float tensor, the
+  model's own transform resizing it (its ``min_size`` and ``max_size``, or SSD's fixed size)
+  and padding the list to a common size, boxes mapped back to the image's pixels by the model;
+  those above 0.3 answered, at most 100;
+- segment: the weights' own ``transforms()`` (the shorter side resized to 520, normalised); a
+  batch needs one shape, so the images of each shape are stacked and run together; the
+  per-pixel arg-max resized back to the image's size and answered as a PNG, with each class's
+  pixel count.
 """
 
 from __future__ import annotations
 
 import base64
 import io
-import os
 from typing import Any
 
 import numpy as np
@@ -31,25 +33,24 @@ DETECTORS = ("fasterrcnn_", "retinanet_", "fcos_", "ssd", "maskrcnn_")
 SEGMENTERS = ("deeplabv3_", "fcn_", "lraspp_")
 TASK = ("detect" if MODEL.startswith(DETECTORS)
         else "segment" if MODEL.startswith(SEGMENTERS) else "classify")  # fmt: skip
-SIZE = int(os.environ.get("PEER_IMAGE_SIZE", "320" if TASK == "detect" else "520"))
 MIN_SCORE = 0.3
 MAX_DETECTIONS = 100
 
 TO_TENSOR = transforms.ToTensor()
-SEGMENT_TRANSFORM = transforms.Compose([
-    transforms.Resize((SIZE, SIZE)),
-    transforms.ToTensor(),
-    transforms.Normalize(mean=[0.485, 0.456, 0.406], std=[0.229, 0.224, 0.225]),
-])  # fmt: skip
+
+
+def segment_transform() -> Any:
+    """The weights' own preprocessing (a description: making it downloads nothing)."""
+    return torchvision.models.get_model_weights(MODEL).DEFAULT.transforms()
+
+
+SEGMENT_TRANSFORM: Any = segment_transform() if TASK == "segment" else None
 
 
 def build() -> torch.nn.Module:
     if TASK == "classify":
         return classifier.build()
     model: Any = torchvision.models.get_model(MODEL, weights=None, weights_backbone=None)
-    if TASK == "detect":
-        model.transform.min_size = (SIZE,)
-        model.transform.max_size = SIZE
     return model.eval()  # type: ignore[no-any-return]
 
 
@@ -60,7 +61,8 @@ def decode(data: bytes) -> tuple[torch.Tensor, tuple[int, int]]:
     with Image.open(io.BytesIO(data)) as image:
         rgb = image.convert("RGB")
         size = (rgb.height, rgb.width)
-        tensor: torch.Tensor = (TO_TENSOR if TASK == "detect" else SEGMENT_TRANSFORM)(rgb)
+        transform = TO_TENSOR if TASK == "detect" else SEGMENT_TRANSFORM
+        tensor: torch.Tensor = transform(rgb)
         return tensor, size
 
 
@@ -73,9 +75,16 @@ def predict(model: torch.nn.Module, inputs: list[tuple[torch.Tensor, tuple[int, 
     with torch.inference_mode():
         if TASK == "detect":
             return [detections(found) for found in model(tensors)]
-        logits = model(torch.stack(tensors))["out"]
-        classes = logits.argmax(dim=1).to(torch.uint8)
-    return [mask(row, size) for row, (_, size) in zip(classes, inputs, strict=True)]
+        shapes: dict[tuple[int, ...], list[int]] = {}
+        for index, tensor in enumerate(tensors):
+            shapes.setdefault(tuple(tensor.shape), []).append(index)
+        answers: dict[int, dict[str, Any]] = {}
+        for indices in shapes.values():
+            logits = model(torch.stack([tensors[i] for i in indices]))["out"]
+            classes = logits.argmax(dim=1).to(torch.uint8)
+            for index, row in zip(indices, classes, strict=True):
+                answers[index] = mask(row, inputs[index][1])
+    return [answers[index] for index in range(len(tensors))]
 
 
 def detections(found: dict[str, torch.Tensor]) -> dict[str, Any]:
