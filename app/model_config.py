@@ -156,6 +156,11 @@ class ModelKeys(BaseModel):
     """A detector's INT8 gate: the share of INT8's confident boxes fp32 finds."""
     int8_gate_min_matched_iou: float = Field(0.85, ge=0, le=1)
     """A detector's INT8 gate: the mean IoU of fp32's boxes with INT8's that found them."""
+    int8_gate_min_mask_iou: float = Field(0.75, ge=0, le=1)
+    """An instance segmenter's INT8 gate: the mean IoU of the masks of those matched boxes."""
+    int8_gate_min_keypoint_pck: float = Field(0.8, ge=0, le=1)
+    """A keypoint detector's INT8 gate: the share of the matched boxes' keypoints within a
+    tenth of fp32's box's longer side of fp32's (PCK@0.1)."""
     int8_gate_min_images: int = Field(30, ge=1, le=100_000)
     """The fewest gate images (held-out photos and five variants of each) the gate judges on."""
 

@@ -250,3 +250,56 @@ def test_a_dense_detector_in_two_parts_answers_as_it_does_whole(model: str) -> N
     assert int((whole.scores > 0).sum()) >= 200
     for got, want in zip(split, whole, strict=True):
         torch.testing.assert_close(got, want)
+
+
+def with_masks(found: Detected, boxes: list[tuple[int, int, int, int]]) -> Detected:
+    """``found`` with each box's mask: the rectangle ``(x1, y1, x2, y2)`` in a 64x64 image."""
+    from pycocotools import mask as coco
+
+    masks = []
+    for x1, y1, x2, y2 in boxes:
+        pixels = np.zeros((64, 64, 1), dtype=np.uint8, order="F")
+        pixels[y1:y2, x1:x2] = 1
+        (encoded,) = coco.encode(pixels)
+        masks.append({"size": [64, 64], "counts": encoded["counts"].decode("ascii")})
+    return Detected(found.boxes, found.scores, found.labels, masks=masks)
+
+
+def test_a_runtime_whose_masks_or_keypoints_drift_fails_the_start_up_check() -> None:
+    """The boxes alone agree; the masks and keypoints of the found boxes are judged too, where
+    the reference answers them, and a side that answers none of them scores nothing."""
+    from app.engine.checks.task_check import CHECK_TIE, TASK_CHECK_BOUNDS, judged_task
+
+    bounds = TASK_CHECK_BOUNDS["fp32"]
+    boxes = detected((0, 0, 40, 40, 0.9, 1), (20, 20, 60, 60, 0.8, 2))
+    reference = with_masks(boxes, [(0, 0, 40, 40), (20, 20, 60, 60)])
+    same = with_masks(boxes, [(0, 0, 40, 40), (20, 20, 60, 60)])
+    shrunk = with_masks(boxes, [(0, 0, 40, 40), (20, 20, 40, 40)])  # a quarter of the second
+    figures = compare_detections([reference], [same], tie=CHECK_TIE)
+    assert figures["mask_iou"] == 1.0
+    assert judged_task("detect", figures, bounds)["passed"]
+    figures = compare_detections([reference], [shrunk], tie=CHECK_TIE)
+    assert figures["mask_iou"] == pytest.approx((1 + 0.25) / 2)
+    assert judged_task("detect", figures, bounds)["failures"] == ["mask_iou 0.625000 < 0.9"]
+    figures = compare_detections([reference], [boxes], tie=CHECK_TIE)
+    assert figures["mask_iou"] == 0.0
+
+    points = np.zeros((2, 3, 3))
+    points[0, :, :2] = [[5, 5], [10, 10], [20, 30]]
+    points[1, :, :2] = [[25, 25], [30, 30], [50, 50]]
+    moved = points.copy()
+    moved[1, 2, :2] += 5  # more than a tenth of the box's 40 pixels
+    keypoints = Detected(boxes.boxes, boxes.scores, boxes.labels, keypoints=points)
+    drifted = Detected(boxes.boxes, boxes.scores, boxes.labels, keypoints=moved)
+    figures = compare_detections([keypoints], [drifted], tie=CHECK_TIE)
+    assert figures["keypoint_pck"] == pytest.approx(5 / 6)
+    assert figures["keypoint_distance"] == pytest.approx(np.hypot(5, 5) / 6)
+    assert judged_task("detect", figures, bounds)["failures"] == ["keypoint_pck 0.833333 < 0.9"]
+    assert compare_detections([keypoints], [boxes])["keypoint_pck"] == 0.0
+    # A detector without masks or keypoints is judged by its boxes alone.
+    figures = compare_detections([boxes], [boxes], tie=CHECK_TIE)
+    assert "mask_iou" not in figures
+    assert "keypoint_pck" not in figures
+    assert judged_task("detect", figures, bounds)["bounds"] == {
+        "min_box_recall": 0.95, "min_box_precision": 0.95
+    }  # fmt: skip

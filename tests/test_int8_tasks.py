@@ -26,12 +26,14 @@ from app.engine.checks.task_gate import (
 )
 from app.engine.errors import StartupError, UngatedModelError
 from app.engine.int8.int8_class import this_cpu
+from app.engine.int8.int8_report import reasons_to_rejudge
 from app.engine.machine import fixed_rates
 from app.engine.model.artifacts import REPORT, read_json
+from app.engine.tasks.answers import Detected
 from app.settings import Settings
 from tests import images
 from tests.conftest import make_settings, serve
-from tests.test_detector_runtimes import detected
+from tests.test_detector_runtimes import detected, with_masks
 
 SEGMENTER = "tests.models:conv_segmenter"
 ENCODER = "tests.models:conv_encoder"
@@ -62,6 +64,33 @@ def test_a_detector_is_judged_by_fp32s_confident_boxes_found_again() -> None:
     assert compare_answers("detect", reference, invented)["box_precision"] == pytest.approx(3 / 4)
 
 
+def test_an_int8_detector_is_judged_by_its_masks_and_keypoints_where_it_answers_them() -> None:
+    bounds = DetectBounds(**(asdict(DETECT_BOUNDS) | {"min_mask_iou": 0.75,
+                                                      "min_keypoint_pck": 0.8}))  # fmt: skip
+    boxes = detected((0, 0, 40, 40, 0.9, 1), (20, 20, 60, 60, 0.8, 2), (0, 40, 20, 60, 0.7, 1))
+    rectangles = [(0, 0, 40, 40), (20, 20, 60, 60), (0, 40, 20, 60)]
+    reference = [with_masks(boxes, rectangles)]
+    assert not task_verdict(compare_answers("detect", reference, reference), bounds)
+    shrunk = [with_masks(boxes, [(0, 0, 20, 20), (20, 20, 40, 40), (0, 40, 10, 50)])]
+    figures = compare_answers("detect", reference, shrunk)
+    assert figures["mask_iou"] == pytest.approx(0.25)
+    assert task_verdict(figures, bounds) == ["mask iou 0.2500 < 0.75"]
+    # Keypoints: a third of them moved off.
+    points = np.repeat(np.array([[[10.0, 10.0, 1.0]] * 3]), 3, axis=0)
+    moved = points.copy()
+    moved[:, 0, :2] += 20
+    pose = [Detected(boxes.boxes, boxes.scores, boxes.labels, keypoints=points)]
+    off = [Detected(boxes.boxes, boxes.scores, boxes.labels, keypoints=moved)]
+    figures = compare_answers("detect", pose, off)
+    assert figures["keypoint_pck"] == pytest.approx(2 / 3)
+    assert task_verdict(figures, bounds) == ["keypoint pck 0.6667 < 0.8"]
+    # Boxes alone: not judged by masks or keypoints it does not answer, and its stored report
+    # decides the next start-up without them.
+    plain = compare_answers("detect", [boxes], [boxes])
+    assert not task_verdict(plain, bounds)
+    assert reasons_to_rejudge(plain | {"bounds": asdict(bounds)}, {}, bounds) == []
+
+
 def test_too_few_confident_boxes_to_judge_is_a_refusal_never_a_pass() -> None:
     reference = [detected((0, 0, 10, 10, 0.9, 1), (20, 20, 30, 30, 0.4, 2))]
     figures = compare_answers("detect", reference, reference, confident_score=0.5)
@@ -76,8 +105,12 @@ def test_too_few_confident_boxes_to_judge_is_a_refusal_never_a_pass() -> None:
 
 def test_a_report_judged_from_another_confident_score_is_judged_again() -> None:
     judged_by = {"confident_score": 0.5, "min_confident_boxes": 3, "min_box_recall": 0.9,
-                 "min_box_precision": 0.9, "min_matched_iou": 0.85}  # fmt: skip
+                 "min_box_precision": 0.9, "min_matched_iou": 0.85, "min_mask_iou": 0.0,
+                 "min_keypoint_pck": 0.0}  # fmt: skip
     assert looser(judged_by, DETECT_BOUNDS) == []
+    # A report judged before masks and keypoints had bounds is judged anew.
+    older = {name: bound for name, bound in judged_by.items() if "mask" not in name}
+    assert looser(older, DETECT_BOUNDS) == ["min_mask_iou"]
     for score in (0.4, 0.6):  # neither floor nor ceiling: any other value judges anew
         other = DetectBounds(**(judged_by | {"confident_score": score}))  # type: ignore[arg-type]
         assert looser(judged_by, other) == ["confident_score"]

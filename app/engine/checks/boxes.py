@@ -17,7 +17,10 @@ at least half of that: a box fp32 scores 0.52 and INT8 0.48 is the same answer, 
   box it served (within ``tie``): which of equal scores make the last places is rounding;
 - an instance segmenter's ``mask_iou``: the mean IoU of the masks of the reference's judged
   boxes with the masks of the boxes that found them; a keypoint detector's
-  ``keypoint_distance``: the mean distance in pixels of their keypoints.
+  ``keypoint_distance``: the mean distance in pixels of their keypoints, and
+  ``keypoint_pck``: the share of those keypoints within a tenth of the reference box's longer
+  side of the reference's (PCK@0.1, a floor that does not depend on the image's size). Where
+  the reference answers masks or keypoints and the candidate does not, its matches score 0.
 """
 
 from __future__ import annotations
@@ -30,6 +33,10 @@ import numpy as np
 from app.engine.tasks.answers import Detected
 
 MATCH_IOU = 0.5
+# The figures of a detector that answers masks or keypoints: absent for one that does not.
+INSTANCE_FIGURES = ("mask_iou", "keypoint_pck")
+# A keypoint agrees within this share of its box's longer side (PCK@0.1).
+PCK_ALPHA = 0.1
 
 
 def compare_detections(
@@ -54,6 +61,8 @@ def compare_detections(
         instances["mask_iou"] = float(np.mean(recall.mask_ious))
     if recall.distances:
         instances["keypoint_distance"] = float(np.mean(recall.distances))
+    if recall.within:
+        instances["keypoint_pck"] = float(np.mean(recall.within))
     return instances | {
         "images": len(reference),
         "judged_from_score": min_score,
@@ -76,6 +85,7 @@ class _Tally:
         self.score_differences: list[float] = []
         self.mask_ious: list[float] = []
         self.distances: list[float] = []
+        self.within: list[float] = []
 
     def add(self, ours: Detected, theirs: Detected, min_score: float, tie: float) -> None:
         judged = np.flatnonzero(ours.scores >= min_score)
@@ -93,21 +103,38 @@ class _Tally:
         self.ious += [iou for _, _, iou in pairs]
         self.score_differences += [abs(float(ours.scores[r] - theirs.scores[c]))
                                    for r, c, _ in pairs]  # fmt: skip
-        if ours.masks is not None and theirs.masks is not None and pairs:
-            from pycocotools import mask as coco
-
-            ious = coco.iou([_rle(ours.masks[r]) for r, _, _ in pairs],
-                            [_rle(theirs.masks[c]) for _, c, _ in pairs],
-                            [0] * len(pairs))  # fmt: skip
-            self.mask_ious += [float(ious[index, index]) for index in range(len(pairs))]
-        if ours.keypoints is not None and theirs.keypoints is not None:
+        if ours.masks is not None and pairs:
+            self.mask_ious += _mask_ious(ours.masks, theirs.masks, pairs)
+        if ours.keypoints is not None:
             for r, c, _ in pairs:
+                if theirs.keypoints is None:  # no distance to give: none of them agrees
+                    self.within.append(0.0)
+                    continue
                 apart = ours.keypoints[r, :, :2] - theirs.keypoints[c, :, :2]
-                self.distances.append(float(np.linalg.norm(apart, axis=1).mean()))
+                distances = np.linalg.norm(apart, axis=1)
+                x1, y1, x2, y2 = ours.boxes[r]
+                self.distances.append(float(distances.mean()))
+                self.within.append(float(np.mean(distances <= PCK_ALPHA * max(x2 - x1, y2 - y1))))
 
     @property
     def share(self) -> float | None:
         return min(1.0, self.found / self.judged) if self.judged else None
+
+
+def _mask_ious(
+    ours: Sequence[dict[str, Any]],
+    theirs: Sequence[dict[str, Any]] | None,
+    pairs: list[tuple[int, int, float]],
+) -> list[float]:
+    """The IoU of each pair's two masks (0 where the other side answers none)."""
+    if theirs is None:
+        return [0.0] * len(pairs)
+    from pycocotools import mask as coco
+
+    ious = coco.iou([_rle(ours[r]) for r, _, _ in pairs],
+                    [_rle(theirs[c]) for _, c, _ in pairs],
+                    [0] * len(pairs))  # fmt: skip
+    return [float(ious[index, index]) for index in range(len(pairs))]
 
 
 def _rle(mask: dict[str, Any]) -> dict[str, Any]:

@@ -17,7 +17,7 @@ from typing import Any
 
 import numpy as np
 
-from app.engine.checks.boxes import compare_detections
+from app.engine.checks.boxes import INSTANCE_FIGURES, compare_detections
 from app.engine.checks.gate import served
 from app.engine.engine import InferenceEngine, Prediction
 
@@ -27,13 +27,16 @@ TASKS_CHECKED = ("detect", "segment", "embed")
 @dataclass(frozen=True)
 class TaskBounds:
     """What a detector, a segmenter or an encoder must meet against eager fp32 PyTorch: the
-    shares of each side's boxes the other finds, the share of pixels of the worst image with
-    the same class, the cosine of the worst image's vectors."""
+    shares of each side's boxes the other finds (and, where it answers them, the mean IoU of
+    the found boxes' masks and the share of their keypoints within PCK@0.1), the share of
+    pixels of the worst image with the same class, the cosine of the worst image's vectors."""
 
     min_pixel_agreement: float
     min_cosine: float
     min_box_recall: float = 0.0
     min_box_precision: float = 0.0
+    min_mask_iou: float = 0.0
+    min_keypoint_pck: float = 0.0
 
 
 # fp32 computes the same function within float rounding: a pixel changes class only where two
@@ -41,18 +44,22 @@ class TaskBounds:
 # Reduced precisions move more; INT8 was judged by its gate.
 TASK_CHECK_BOUNDS = {
     "fp32": TaskBounds(
-        min_pixel_agreement=0.99, min_cosine=0.9999, min_box_recall=0.95, min_box_precision=0.95
+        min_pixel_agreement=0.99, min_cosine=0.9999, min_box_recall=0.95, min_box_precision=0.95,
+        min_mask_iou=0.9, min_keypoint_pck=0.9,
     ),
     "fp16": TaskBounds(
-        min_pixel_agreement=0.9, min_cosine=0.99, min_box_recall=0.8, min_box_precision=0.8
+        min_pixel_agreement=0.9, min_cosine=0.99, min_box_recall=0.8, min_box_precision=0.8,
+        min_mask_iou=0.8, min_keypoint_pck=0.8,
     ),
     "bf16": TaskBounds(
-        min_pixel_agreement=0.9, min_cosine=0.99, min_box_recall=0.8, min_box_precision=0.8
+        min_pixel_agreement=0.9, min_cosine=0.99, min_box_recall=0.8, min_box_precision=0.8,
+        min_mask_iou=0.8, min_keypoint_pck=0.8,
     ),
     "int8": TaskBounds(
-        min_pixel_agreement=0.5, min_cosine=0.9, min_box_recall=0.5, min_box_precision=0.5
+        min_pixel_agreement=0.5, min_cosine=0.9, min_box_recall=0.5, min_box_precision=0.5,
+        min_mask_iou=0.5, min_keypoint_pck=0.5,
     ),
-}
+}  # fmt: skip
 
 # Scores this close to a side's last served box tie with it (of a random-weight SSDlite's 3234
 # anchors, every one scores 1/91 to eight digits: which of them are served is rounding).
@@ -60,7 +67,12 @@ CHECK_TIE = 1e-3
 
 # Per task, each bound and the report's figure it holds.
 _JUDGED = {
-    "detect": {"min_box_recall": "box_recall", "min_box_precision": "box_precision"},
+    "detect": {
+        "min_box_recall": "box_recall",
+        "min_box_precision": "box_precision",
+        "min_mask_iou": "mask_iou",
+        "min_keypoint_pck": "keypoint_pck",
+    },
     "segment": {"min_pixel_agreement": "min_pixel_agreement"},
     "embed": {"min_cosine": "min_cosine"},
 }
@@ -100,9 +112,11 @@ def _cosine(a: np.ndarray[Any, Any], b: np.ndarray[Any, Any]) -> float:
 def judged_task(task: str, report: dict[str, Any], bounds: TaskBounds) -> dict[str, Any]:
     """The report with its bounds and verdict attached (what is kept and shown). A side with
     no box misses none: recall is 1 where the reference answers none, precision where the
-    candidate does."""
+    candidate does; masks and keypoints are judged where the reference answers them."""
     failures = []
-    judged = {name: asdict(bounds)[name] for name in _JUDGED[task]}
+    figures = {name: figure for name, figure in _JUDGED[task].items()
+               if figure not in INSTANCE_FIGURES or figure in report}  # fmt: skip
+    judged = {name: asdict(bounds)[name] for name in figures}
     for name, bound in judged.items():
         value = report[_JUDGED[task][name]]
         value = 1.0 if value is None else value

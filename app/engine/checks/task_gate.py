@@ -6,7 +6,9 @@ PyTorch, through the whole serving path, on the held-out gate images:
 - a detector's boxes: fp32's confident boxes (scoring at least ``confident_score``) matched
   to INT8's of the same label at IoU >= 0.5 (``boxes``): the share of them INT8 finds
   (recall), the share of INT8's confident boxes fp32 finds (precision), and the mean IoU of
-  the matches (how far the found boxes moved). Too few confident boxes to judge by
+  the matches (how far the found boxes moved); an instance segmenter's mean mask IoU of the
+  matches, a keypoint detector's share of the matches' keypoints within a tenth of the box's
+  longer side (PCK@0.1; ``boxes``). Too few confident boxes to judge by
   (``min_confident_boxes``) is a refusal, never a pass: a gate set on which fp32 is
   confident of nothing says nothing of INT8;
 - a segmenter's masks: the share of each image's pixels given fp32's class (the worst image
@@ -30,7 +32,7 @@ from typing import Any
 
 import numpy as np
 
-from app.engine.checks.boxes import compare_detections
+from app.engine.checks.boxes import INSTANCE_FIGURES, compare_detections
 from app.engine.checks.gate import compare, probabilities
 from app.engine.checks.task_check import answers
 from app.engine.engine import InferenceEngine
@@ -40,13 +42,16 @@ TASKS_GATED = ("detect", "segment", "embed")
 
 @dataclass(frozen=True)
 class DetectBounds:
-    """What an INT8 detector must keep of fp32's confident boxes."""
+    """What an INT8 detector must keep of fp32's confident boxes (and of their masks and
+    keypoints, judged where fp32 answers them)."""
 
     confident_score: float
     min_confident_boxes: int
     min_box_recall: float
     min_box_precision: float
     min_matched_iou: float
+    min_mask_iou: float = 0.0
+    min_keypoint_pck: float = 0.0
 
 
 @dataclass(frozen=True)
@@ -171,6 +176,8 @@ def task_verdict(report: dict[str, Any], bounds: TaskBounds) -> list[str]:
         if not name.startswith("min_"):
             continue
         figure = name.removeprefix("min_")
+        if figure in INSTANCE_FIGURES and figure not in report:
+            continue  # a detector without masks or keypoints
         value = report.get(figure)
         what = figure.replace("_", " ")
         if not isinstance(value, int | float) or isinstance(value, bool):

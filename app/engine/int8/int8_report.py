@@ -18,6 +18,7 @@ from concurrent.futures import Future
 from pathlib import Path
 from typing import Any
 
+from app.engine.checks.boxes import INSTANCE_FIGURES
 from app.engine.checks.gate import Bounds, looser, verdict
 from app.engine.checks.task_gate import (
     DetectBounds,
@@ -163,9 +164,10 @@ def _readable(report: dict[str, Any], bounds: Int8Bounds) -> bool:
         return isinstance(failures, list) and all(isinstance(each, str) for each in failures)
     if isinstance(bounds, Bounds):
         return all(_number(report.get(key)) for key in _FIGURES)
-    # A task's figure may be None: not measured (no box found), which its verdict fails.
+    # A task's figure may be None: not measured (no box found), which its verdict fails; a
+    # detector's masks and keypoints are figures only of one that answers them.
     return all(key in report and (report[key] is None or _number(report[key]))
-               for key in figure_names(bounds))  # fmt: skip
+               for key in figure_names(bounds) if key not in INSTANCE_FIGURES)  # fmt: skip
 
 
 def _number(value: Any) -> bool:
@@ -198,6 +200,8 @@ def int8_bounds(config: ModelConfig, task: str = "classify") -> Int8Bounds:
             min_box_recall=config.int8_gate_min_box_recall,
             min_box_precision=config.int8_gate_min_box_precision,
             min_matched_iou=config.int8_gate_min_matched_iou,
+            min_mask_iou=config.int8_gate_min_mask_iou,
+            min_keypoint_pck=config.int8_gate_min_keypoint_pck,
         )
     if task == "segment":
         return SegmentBounds(
