@@ -34,8 +34,7 @@ from torch.nn.functional import pad
 from app.engine.backends.base import Backend, ImageSizes
 
 # Pieces of a batch per thread: a thread that other work slows down (a request's decoding, the
-# event loop) leaves more of them to the others instead of holding the whole batch back (SSDlite
-# on two cores: 92-96 against 88-93 images/s served in halves, ad hoc).
+# event loop) leaves more of them to the others instead of holding the whole batch back.
 PIECES_PER_THREAD = 2
 
 

@@ -6,10 +6,7 @@ and the grid are products of a row part and a column part, and so is the rule th
 sample outside the map, so a region's pooling is ``rows @ map @ columns``: per image, the map
 times every region's column weights in one product, then each region's row weights.
 torchvision's and ONNX Runtime's kernels walk every sample of every channel in scalar code
-instead: for Faster R-CNN MobileNetV3 320, 600 regions of four images pooled from 256
-channels took 52-54 ms (torchvision) and 71 ms (ONNX Runtime) on one thread of a 2-core AMD
-EPYC, these products 10-11 ms, their weights included (ad hoc; ``tests/test_roi_pool.py``
-holds their answers to torchvision's).
+instead (``tests/test_roi_pool.py`` holds these products' answers to torchvision's).
 
 The answer is ``[regions, bins, channels]``: bins before channels, the order in which the
 products write it, which the box head's graph takes as it is.
