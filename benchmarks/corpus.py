@@ -5,8 +5,7 @@ from __future__ import annotations
 import io
 from pathlib import Path
 
-from app.engine import synthetic_jpegs
-from app.engine.warmup import synthetic_photo
+from app.engine import synthetic_jpegs, synthetic_photo
 
 IMAGE_SUFFIXES = {".jpg", ".jpeg", ".png", ".webp"}
 

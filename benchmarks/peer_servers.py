@@ -169,7 +169,9 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
         for round_index in range(args.rounds):
             print(f"round {round_index + 1}/{args.rounds}", flush=True)
             servers: dict[str, ServerProcess] = {
-                name: UvicornProcess(settings) for name, settings in ours.items()
+                # Generous: a large model's ONNX Runtime session builds for minutes on 2 cores.
+                name: UvicornProcess(settings, startup_timeout=600)
+                for name, settings in ours.items()
             }
             servers |= {name: peer_server(name, args.model, args.batch_size) for name in args.peers}
             for name, server in servers.items():

@@ -102,8 +102,10 @@ class ServerProcess:
             except httpx.TransportError:
                 pass
             time.sleep(0.1)
+        output = self.read_output()  # before stop(), which closes the log
         self.stop()
-        raise RuntimeError(f"{self.command} did not become ready:\n{self.read_output()}")
+        waited = f"{self._startup_timeout:g} s"
+        raise RuntimeError(f"{self.command} did not become ready in {waited}:\n{output}")
 
     def __exit__(
         self,

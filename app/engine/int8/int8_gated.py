@@ -10,6 +10,7 @@ from dataclasses import asdict
 from pathlib import Path
 from typing import Any
 
+from app.engine.checks.boxes import INSTANCE_FIGURES
 from app.engine.checks.gate import eager_reference, engine_for
 from app.engine.checks.precision import Rate, images_per_second
 from app.engine.checks.task_gate import figure_names, gate_answers, gate_compare
@@ -89,7 +90,9 @@ def judge_stored(config: ModelConfig, loaded: LoadedModel, path: Path) -> dict[s
         logger.warning("judging the INT8 model %s again: %s", path, "; ".join(reasons))
         figures = _rejudge(config, loaded, path, bounds, report)
     shown = _SHOWN if loaded.task == "classify" else _shown_for(bounds)
-    summary = {key: figures.get(key) for key in shown}
+    # A box-only detector has no mask or keypoint figures: leave them out, not null.
+    summary = {key: figures.get(key) for key in shown
+               if key in figures or key not in INSTANCE_FIGURES}  # fmt: skip
     summary |= {"failures": int8_failures(figures, bounds), "judged_again": bool(reasons),
                 "bounds": asdict(bounds), "cpu_int8_class": this_cpu().name}  # fmt: skip
     summary["passed"] = not summary["failures"]
