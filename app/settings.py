@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import sys
 from collections.abc import Callable
-from pathlib import Path
+from pathlib import Path, PurePath
 from typing import Annotated, Any, Literal
 
 from pydantic import Field, SecretStr, ValidationError, field_validator, model_validator
@@ -112,7 +112,8 @@ class Settings(BaseSettings, ModelKeys):
     # Operations
     model_name: str | None = Field(None, pattern=MODEL_NAME_PATTERN)
     """Without a repository: the model's name in `/predict?model=` and the Open Inference
-    Protocol's URLs (`/v2/models/<name>/infer`). Unset: the model (a factory's function name)."""
+    Protocol's URLs (`/v2/models/<name>/infer`). Unset: the model (a factory's function name,
+    a YOLO file's name without its suffix: `best` for `runs/detect/train/weights/best.pt`)."""
     api_key: SecretStr | None = None
     """At least 16 bytes (a shorter or empty one stops start-up): require `Authorization: Bearer
     <key>` on `/predict`, `/v1/models` and the `/v2` metadata and inference routes, and as
@@ -174,6 +175,8 @@ class Settings(BaseSettings, ModelKeys):
         if self.model_name:
             return self.model_name
         model = first_try().model if self.model == FIRST_TRY else self.model
+        if ":" not in model and PurePath(model).suffix in (".pt", ".torchscript"):
+            return PurePath(model).stem  # a YOLO file: best.pt serves as "best"
         return model.rpartition(":")[2] or model
 
     def for_model(self, values: dict[str, Any], name: str | None = None) -> ModelConfig:

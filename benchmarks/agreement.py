@@ -8,20 +8,25 @@ for a detector, the weights' preset for a segmenter or a classifier) on real pho
 shapes (``harness.photos``). The server answers the same photos on each backend, sent as a
 client would send them, equal shapes sharing batches. Also measured, for a detector: the
 library's own batched call (``model(list_of_images)``, every photo padded to one canvas), the
-answers padding costs; and with ``--also-fit``, the server with another fit (the old
-letterbox, say), the answers a replaced rule costs.
+answers padding costs; with ``--also-fit``, the server with another fit (the old letterbox,
+say), the answers a replaced rule costs; and with ``--canvas-buckets``, the server padding
+photos of different shapes into shared canvases (``CANVAS_BUCKETS``, opt-in), the answers those
+larger batches cost.
 
 Figures, as the fidelity tests and the start-up check state them: boxes judged from
 ``--confident-score``, recall and precision at IoU >= 0.5 with the same label, the matched
 boxes' mean IoU, an instance segmenter's mask IoU, a keypoint detector's mean keypoint
-distance (pixels); a segmenter's share of pixels given the reference's class (worst photo and
-mean) and mean IoU; a classifier's top-1 agreement and largest probability difference.
+distance (pixels) and PCK@0.1; a segmenter's share of pixels given the reference's class
+(worst photo and mean) and mean IoU; a classifier's top-1 agreement and largest probability
+difference.
 
 Usage::
 
     python -m benchmarks agreement --model ssdlite320_mobilenet_v3_large --class-spread 1.3
     python -m benchmarks agreement --model deeplabv3_mobilenet_v3_large --backends torch
     python -m benchmarks agreement --model fasterrcnn_resnet50_fpn --weights model.pt
+    python -m benchmarks agreement --model fasterrcnn_mobilenet_v3_large_320_fpn \
+        --backends torch --canvas-buckets 320x640,640x320
 """
 
 from __future__ import annotations
@@ -171,16 +176,19 @@ def run(args: argparse.Namespace, folder: Path) -> dict[str, Any]:
         together = [without_empty_boxes(each) for each in batched_library_answers(module, shots)]
         sides.append({"side": "library, every photo in one call (padded)",
                       **figures(task, want, together, args.confident_score)})  # fmt: skip
-    served = [(backend, args.fit) for backend in args.backends]
-    served += [("torch", fit) for fit in args.also_fit]
-    for backend, fit in served:
+    served = [(backend, args.fit, "") for backend in args.backends]
+    served += [("torch", fit, "") for fit in args.also_fit]
+    served += [("torch", args.fit, buckets) for buckets in args.canvas_buckets]
+    for backend, fit, buckets in served:
         extra = {"image_size": args.image_size} if args.image_size else {}
         settings = Settings(
             _env_file=None, model=args.model, task=task, weights=str(checkpoint),
             backend=backend, precision="fp32", fit=fit, max_batch_size=SERVED_BATCH,
-            artifacts_dir=folder / "artifacts", log_level="warning", **extra,
+            artifacts_dir=folder / "artifacts", log_level="warning", canvas_buckets=buckets,
+            **extra,
         )  # fmt: skip
         label = f"batchserve {backend}" + (f", FIT={fit}" if fit != "auto" else "")
+        label += f", CANVAS_BUCKETS={buckets}" if buckets else ""
         try:
             engine = build_engine(settings.own_model())
         except StartupError as exc:
@@ -197,7 +205,7 @@ def run(args: argparse.Namespace, folder: Path) -> dict[str, Any]:
 
 COLUMNS = {
     "detect": ("confident_boxes", "box_recall", "box_precision", "matched_iou", "mask_iou",
-               "keypoint_distance"),
+               "keypoint_distance", "keypoint_pck"),
     "segment": ("worst_pixel_agreement", "mean_pixel_agreement", "mean_iou"),
     "classify": ("top1_agreement", "top5_overlap", "max_probability_difference"),
 }  # fmt: skip
@@ -238,6 +246,12 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument("--backends", nargs="*", default=["torch", "onnxruntime", "openvino"])
     p.add_argument("--fit", default="auto")
     p.add_argument("--also-fit", nargs="*", default=[], help="served on torch with these too")
+    p.add_argument(
+        "--canvas-buckets",
+        nargs="*",
+        default=[],
+        help="served on torch with each of these CANVAS_BUCKETS too (e.g. 320x640,640x320)",
+    )
     p.add_argument("--image-size", type=int)
     p.add_argument("--confident-score", type=float, default=0.5)
     p.add_argument("--class-spread", type=float, default=CLASS_SPREAD)

@@ -6,12 +6,15 @@ own transform resizes and normalises; boxes, masks and keypoints come back in th
 pixels, masks pasted, binarised at 0.5 as the documentation does), for a segmenter the
 weights' ``SemanticSegmentation`` preset, ``model(batch)["out"]`` and its arg-max (mapped to
 the photo's pixels by nearest neighbour, as the server maps its own), for a classifier the
-weights' ``ImageClassification`` preset and a softmax. One image at a time, eager, fp32 on the
-CPU: nothing of the server runs here.
+weights' ``ImageClassification`` preset and a softmax. Ultralytics, as its documentation
+shows: ``YOLO(file).predict(image)`` on the decoded photo, its results' boxes, classes,
+scores and keypoints (``yolo_detected``), or its class probabilities (``yolo_classified``).
+One image at a time, eager, fp32 on the CPU: nothing of the server runs here.
 """
 
 from __future__ import annotations
 
+import warnings
 from collections.abc import Sequence
 from typing import Any
 
@@ -87,4 +90,47 @@ def classified(model: nn.Module, photos: Sequence[bytes], weights: Any) -> torch
     for data in photos:
         with torch.inference_mode():
             rows.append(torch.softmax(model.eval()(preset(decoded(data))[None]), dim=1)[0])
+    return torch.stack(rows)
+
+
+def yolo_detected(path: str, photos: Sequence[bytes], **predict: Any) -> list[Detected]:
+    """An Ultralytics YOLO file's answers, photo by photo: ``YOLO(path).predict(image)``."""
+    import io
+
+    from PIL import Image
+    from ultralytics import YOLO
+
+    model = YOLO(path)
+    answers = []
+    for data in photos:
+        image = Image.open(io.BytesIO(data)).convert("RGB")
+        with warnings.catch_warnings():  # torch.jit.load, deprecated, loads an export
+            warnings.simplefilter("ignore", FutureWarning)
+            (result,) = model.predict(image, verbose=False, **predict)
+        boxes = result.boxes
+        keypoints = None
+        if result.keypoints is not None:
+            points = result.keypoints.data  # [k, P, 3] (or [k, P, 2])
+            if points.shape[-1] == 2:
+                points = torch.cat([points, torch.ones_like(points[..., :1])], dim=-1)
+            keypoints = points.cpu().numpy()
+        answers.append(Detected(boxes.xyxy.cpu().numpy(), boxes.conf.cpu().numpy(),
+                                boxes.cls.cpu().numpy().astype(np.int64), None,
+                                keypoints))  # fmt: skip
+    return answers
+
+
+def yolo_classified(path: str, photos: Sequence[bytes]) -> torch.Tensor:
+    """An Ultralytics YOLO classifier's class probabilities ``[photos, classes]``."""
+    import io
+
+    from PIL import Image
+    from ultralytics import YOLO
+
+    model = YOLO(path)
+    rows = []
+    for data in photos:
+        image = Image.open(io.BytesIO(data)).convert("RGB")
+        (result,) = model.predict(image, verbose=False)
+        rows.append(result.probs.data.float().cpu())
     return torch.stack(rows)

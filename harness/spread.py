@@ -9,9 +9,9 @@ so that its outputs spread as a trained model's do: class logits of a few units 
 of confident boxes a photo, masks of several classes; a sigmoid head's centred low, so that
 few of its hundreds of thousands of anchors are confident), box offsets of a tenth of a
 unit (boxes stay near their anchors). A layer that holds fixed values rather than weights
-(none in torchvision's detectors) would be left alone. The same seed and photo give the same
-weights everywhere: save them with ``torch.save(model.state_dict(), path)`` and serve that
-checkpoint.
+(one that takes no gradient: YOLO's distribution-to-distance convolution) is left alone. The
+same seed and photo give the same weights everywhere: save them with
+``torch.save(model.state_dict(), path)`` and serve that checkpoint.
 """
 
 from __future__ import annotations
@@ -29,6 +29,8 @@ CLASS_SPREAD = 3.0
 SIGMOID_SPREAD = 2.0
 SIGMOID_CONFIDENT = 2e-5
 BOX_SPREAD = 0.1
+# A YOLO box side's logits over its bins: some sides sharp, some spread (boxes of many sizes).
+DISTRIBUTION_SPREAD = 2.0
 
 
 def spread(
@@ -47,7 +49,8 @@ def spread(
     with torch.no_grad():
         for module in model.modules():
             if isinstance(module, nn.Conv2d | nn.Linear | nn.ConvTranspose2d):
-                _drawn(module, generator)
+                if module.weight.requires_grad:  # not a layer of fixed values (YOLO's DFL)
+                    _drawn(module, generator)
             elif _normalisation(module):
                 for name, value in (("weight", 1.0), ("bias", 0.0), ("running_mean", 0.0),
                                     ("running_var", 1.0)):  # fmt: skip
@@ -71,7 +74,7 @@ def spread(
                                                      sigmoid_confident).items():  # fmt: skip
                 role = heads[layer]
                 target = {"class": class_spread, "sigmoid": SIGMOID_SPREAD, "centre": 1.0,
-                          "box": BOX_SPREAD}[role]  # fmt: skip
+                          "box": BOX_SPREAD, "distribution": DISTRIBUTION_SPREAD}[role]  # fmt: skip
                 # At most a thousand times the target spread left to the bias to cancel: an
                 # output whose mean dwarfs its spread would otherwise be a difference of large
                 # numbers, decided by rounding (and by the kernels a batch size picks).
@@ -195,12 +198,30 @@ def _heads(model: nn.Module) -> dict[Any, str]:
             found[module] = "centre"
         elif leaf in _BOXES:
             found[module] = "box"
+    if type(inner).__module__.startswith("ultralytics."):
+        found.update(_yolo_heads(inner))
     if type(inner).__name__ == "SSD":  # one head per level: each one's last convolution
         for heads, role in ((inner.head.classification_head, "class"),
                             (inner.head.regression_head, "box")):  # fmt: skip
             for level in heads.module_list:
                 last = [each for each in level.modules() if isinstance(each, nn.Conv2d)][-1]
                 found[last] = role
+    return found
+
+
+def _yolo_heads(model: Any) -> dict[Any, str]:
+    """An Ultralytics YOLO head's last layers: a classifier's linear layer; a detector's last
+    convolution per level of its class scores (``cv3``, a sigmoid), its box distributions
+    (``cv2``, a softmax over each side's bins) and its keypoints (``cv4``, offsets from the
+    anchor point)."""
+    head = model.model[-1]
+    found: dict[Any, str] = {}
+    if isinstance(getattr(head, "linear", None), nn.Linear):  # a classifier's
+        found[head.linear] = "class"
+    for branch, role in (("cv3", "sigmoid"), ("cv2", "distribution"), ("cv4", "box")):
+        for level in getattr(head, branch, ()):
+            last = [each for each in level.modules() if isinstance(each, nn.Conv2d)][-1]
+            found[last] = role
     return found
 
 

@@ -22,6 +22,18 @@ The rules, each as its library computes it:
 - ``stretch``: to a fixed ``crop_size`` square, the aspect ratio not kept (SSD, SSDlite).
 - ``letterbox``: the longer side to ``crop_size``, the shorter rounded, placed at the top left
   of the ``crop_size`` square (for a model trained that way: one of one's own).
+- ``centered-letterbox``: Ultralytics' ``LetterBox`` as its predictor applies it to a lone
+  image: scaled by ``min(crop_size / height, crop_size / width)``, each side rounded (at least
+  1), padded to a multiple of ``size_divisible`` (the model's stride: its "minimum
+  rectangle") with the content centred (the padding before it ``round(pad / 2 - 0.1)``, as
+  Ultralytics rounds it). In a shared canvas the content is centred in it, as Ultralytics
+  centres each image of a batch of mixed sizes in its square.
+
+Shared canvases (``buckets``, opt-in): where a rule's canvas follows the image's shape, an image
+may instead be padded at the bottom and right into the smallest of a few given canvases that
+holds its own, so that images of different shapes batch together. Its content is unchanged
+and the model is told its size, but a model that pools over its whole input (squeeze-and-
+excitation, ASPP) sees the padding: its answers can differ from the image's answers alone.
 """
 
 from __future__ import annotations
@@ -39,6 +51,7 @@ class Fit(enum.StrEnum):
     MIN_MAX = "min-max"
     STRETCH = "stretch"
     LETTERBOX = "letterbox"
+    CENTERED_LETTERBOX = "centered-letterbox"
 
     @property
     def whole_image(self) -> bool:
@@ -110,6 +123,13 @@ def padded_to(side: int, divisible: int) -> int:
     return side + (-side % divisible)
 
 
+def shared_canvas(canvas: tuple[int, int], buckets: tuple[tuple[int, int], ...]) -> tuple[int, int]:
+    """The smallest of ``buckets`` (``(height, width)``) that holds ``canvas``; the canvas
+    itself where none does."""
+    holding = [bucket for bucket in buckets if bucket[0] >= canvas[0] and bucket[1] >= canvas[1]]
+    return min(holding, key=lambda bucket: (bucket[0] * bucket[1], bucket)) if holding else canvas
+
+
 def place(
     width: int,
     height: int,
@@ -119,9 +139,11 @@ def place(
     resize_size: int,
     max_size: int | None = None,
     size_divisible: int = 1,
+    buckets: tuple[tuple[int, int], ...] = (),
 ) -> Placement:
     """Where a ``width`` x ``height`` upright image lies in the input of a model fitted by
-    ``fit`` (see the module's docstring for each rule)."""
+    ``fit`` (see the module's docstring for each rule), in the smallest of ``buckets`` that
+    holds its own canvas where any does."""
     if fit is Fit.CENTER_CROP:
         return Placement(crop_size, crop_size, crop_size, crop_size, crop_size, crop_size)
     if fit is Fit.STRETCH:
@@ -129,6 +151,16 @@ def place(
     if fit is Fit.LETTERBOX:
         content_height, content_width = letterbox_size(height, width, crop_size)
         return Placement(width, height, content_width, content_height, crop_size, crop_size)
+    if fit is Fit.CENTERED_LETTERBOX:
+        content_height, content_width = letterbox_size(height, width, crop_size)
+        canvas_height, canvas_width = shared_canvas((
+            content_height + (crop_size - content_height) % size_divisible,
+            content_width + (crop_size - content_width) % size_divisible,
+        ), buckets)  # fmt: skip
+        top = round((canvas_height - content_height) / 2 - 0.1)
+        left = round((canvas_width - content_width) / 2 - 0.1)
+        return Placement(width, height, content_width, content_height, canvas_width,
+                         canvas_height, top, left)  # fmt: skip
     if fit is Fit.MIN_MAX:
         content_height, content_width = min_max_size(height, width, resize_size, max_size)
     else:
@@ -138,7 +170,10 @@ def place(
             # torchvision's Resize(max_size=): the longer side capped, the shorter scaled down.
             short, long = int(max_size * short / long), max_size
             content_height, content_width = (long, short) if height > width else (short, long)
+    canvas_height, canvas_width = shared_canvas(
+        (padded_to(content_height, size_divisible), padded_to(content_width, size_divisible)),
+        buckets,
+    )
     return Placement(
-        width, height, content_width, content_height,
-        padded_to(content_width, size_divisible), padded_to(content_height, size_divisible),
+        width, height, content_width, content_height, canvas_width, canvas_height
     )  # fmt: skip

@@ -24,10 +24,11 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
+import numpy as np
 import torch
 from torch.nn.functional import interpolate
 
-from preprocessing.placement import Fit, Placement, place, resized_size
+from preprocessing.placement import Fit, Placement, padded_to, place, resized_size
 
 IMAGENET_MEAN = (0.485, 0.456, 0.406)
 IMAGENET_STD = (0.229, 0.224, 0.225)
@@ -42,6 +43,17 @@ class Interpolation(enum.StrEnum):
     BICUBIC = "bicubic"
 
 
+class Resampler(enum.StrEnum):
+    """Who resizes a whole image's uint8 pixels on the CPU: torch (torchvision's tensor
+    arithmetic), OpenCV's ``cv2.resize`` (Ultralytics' letterbox), or Pillow (torchvision's
+    transforms on a PIL image: Ultralytics' classifiers). Each library rounds otherwise, a grey
+    level here and there, which a model of sensitive weights can answer."""
+
+    TORCH = "torch"
+    OPENCV = "opencv"
+    PILLOW = "pillow"
+
+
 @dataclass(frozen=True)
 class TransformConfig:
     """A model's input transform: how an image is fitted (``fit``, with ``crop_size``,
@@ -49,7 +61,8 @@ class TransformConfig:
     ``preprocessing.placement``), how it is resampled (``interpolation``, ``antialias``, and
     ``float_resize``: on the float image rather than the uint8 one, as torchvision's detection
     transform does) and normalised (``mean``, ``std``); a canvas is padded with ``fill`` (in
-    normalised units: 0, as torchvision pads)."""
+    normalised units: 0, as torchvision pads). ``resampler``: who resizes an image's uint8 pixels
+    on the CPU: torch, or the library a model's own pipeline resizes with (``Resampler``)."""
 
     crop_size: int = 224
     resize_size: int = 256
@@ -62,12 +75,15 @@ class TransformConfig:
     antialias: bool = True
     float_resize: bool = False
     fill: float = 0.0
+    buckets: tuple[tuple[int, int], ...] = ()
+    resampler: Resampler = Resampler.TORCH
 
     def __post_init__(self) -> None:
         if self.crop_size < 1 or self.resize_size < 1:
             raise ValueError("crop_size and resize_size must be >= 1")
         object.__setattr__(self, "interpolation", Interpolation(self.interpolation))
         object.__setattr__(self, "fit", Fit(self.fit))
+        object.__setattr__(self, "resampler", Resampler(self.resampler))
         object.__setattr__(self, "mean", tuple(float(m) for m in self.mean))
         object.__setattr__(self, "std", tuple(float(s) for s in self.std))
         if self.fit is Fit.CENTER_CROP and self.crop_size > self.resize_size:
@@ -81,16 +97,27 @@ class TransformConfig:
             )
         if self.size_divisible < 1:
             raise ValueError("size_divisible must be >= 1")
+        buckets = tuple((int(height), int(width)) for height, width in self.buckets)
+        if buckets and self.fit.fixed_canvas:
+            raise ValueError(
+                f"shared canvases apply only where the canvas follows the image's shape (FIT "
+                f"min-max or shorter-side); FIT={self.fit} gives every image the same canvas"
+            )
+        # Each rounded up as the model pads (a detector's size_divisible).
+        object.__setattr__(self, "buckets", tuple(sorted({
+            (padded_to(height, self.size_divisible), padded_to(width, self.size_divisible))
+            for height, width in buckets
+        })))  # fmt: skip
 
     @property
     def letterbox(self) -> bool:
-        return self.fit is Fit.LETTERBOX
+        return self.fit in (Fit.LETTERBOX, Fit.CENTERED_LETTERBOX)
 
     def placement(self, width: int, height: int) -> Placement:
         """Where an upright ``width`` x ``height`` image lies in this model's input."""
         return place(width, height, self.fit, crop_size=self.crop_size,
                      resize_size=self.resize_size, max_size=self.max_size,
-                     size_divisible=self.size_divisible)  # fmt: skip
+                     size_divisible=self.size_divisible, buckets=self.buckets)  # fmt: skip
 
     @property
     def example_canvas(self) -> tuple[int, int]:
@@ -100,7 +127,8 @@ class TransformConfig:
     def as_dict(self) -> dict[str, object]:
         """Its fields as JSON values (a model card keeps them)."""
         values = {name: getattr(self, name) for name in self.__dataclass_fields__}
-        return {name: (list(value) if isinstance(value, tuple) else
+        return {name: ([list(each) if isinstance(each, tuple) else each for each in value]
+                       if isinstance(value, tuple) else
                        str(value) if isinstance(value, enum.Enum) else value)
                 for name, value in values.items()}  # fmt: skip
 
@@ -194,10 +222,26 @@ def fit(image: torch.Tensor, config: TransformConfig, placement: Placement) -> t
         image = image.float()
     if tuple(image.shape[-2:]) == placement.content:
         return image
+    if config.resampler is Resampler.OPENCV and _on_cpu_uint8(image):
+        return _opencv_resized(image, placement.content)
     lead = image.shape[:-3]
     batch = image.reshape(-1, *image.shape[-3:])
     resized = _interpolate(batch, placement.content, config.interpolation, config.antialias)
     return resized.reshape(*lead, *resized.shape[-3:])
+
+
+def _on_cpu_uint8(image: torch.Tensor) -> bool:
+    return image.device.type == "cpu" and image.dtype == torch.uint8 and image.ndim == 3
+
+
+def _opencv_resized(image: torch.Tensor, size: tuple[int, int]) -> torch.Tensor:
+    """``uint8[3, H, W]`` on the CPU resized to ``size`` by ``cv2.resize`` (``INTER_LINEAR``),
+    channels last in memory."""
+    import cv2
+
+    pixels = np.ascontiguousarray(image.permute(1, 2, 0).numpy())
+    resized = cv2.resize(pixels, (size[1], size[0]), interpolation=cv2.INTER_LINEAR)
+    return torch.from_numpy(resized).permute(2, 0, 1)
 
 
 def decode_short_side(width: int, height: int, config: TransformConfig) -> int | None:
@@ -206,8 +250,8 @@ def decode_short_side(width: int, height: int, config: TransformConfig) -> int |
     antialiased resize, which averages what the DCT's scaling averages; a model that samples
     the full image without antialiasing (torchvision's detectors) must be given the full
     image to sample."""
-    if not config.antialias:
-        return None
+    if not config.antialias or config.resampler is not Resampler.TORCH:
+        return None  # a library's own resize is given the image its library decodes: whole
     if config.fit is Fit.CENTER_CROP:
         return config.resize_size
     return min(config.placement(width, height).content)
@@ -218,7 +262,28 @@ def resize_crop(image: torch.Tensor, config: TransformConfig) -> torch.Tensor:
 
     Works on ``uint8[..., 3, H, W]`` on any device and keeps the dtype.
     """
+    if config.resampler is Resampler.PILLOW and _on_cpu_uint8(image):
+        return center_crop(_pillow_resized(image, config), config.crop_size)
     return center_crop(resize(image, config.resize_size, config.interpolation), config.crop_size)
+
+
+def _pillow_resized(image: torch.Tensor, config: TransformConfig) -> torch.Tensor:
+    """``uint8[3, H, W]`` with its shorter side at ``resize_size``, resized by Pillow (what
+    torchvision's ``Resize`` runs on a PIL image), channels last in memory."""
+    from PIL import Image
+
+    source_height, source_width = int(image.shape[-2]), int(image.shape[-1])
+    height, width = resized_size(source_height, source_width, config.resize_size)
+    if (height, width) == (source_height, source_width):
+        return image
+    modes = {Interpolation.NEAREST: Image.Resampling.NEAREST,
+             Interpolation.BILINEAR: Image.Resampling.BILINEAR,
+             Interpolation.BICUBIC: Image.Resampling.BICUBIC}  # fmt: skip
+    picture = Image.fromarray(np.ascontiguousarray(image.permute(1, 2, 0).numpy()))
+    resized = picture.resize(
+        (width, height), modes.get(config.interpolation, Image.Resampling.BILINEAR)
+    )
+    return torch.from_numpy(np.asarray(resized).copy()).permute(2, 0, 1)
 
 
 def normalize_into(

@@ -539,3 +539,12 @@ def test_dense_answers_come_as_one_array_not_a_dict_per_class() -> None:
         assert answer.probabilities.shape == (engine.num_classes,)
         for entry in full.classes:
             assert answer.probabilities[entry["index"]] == pytest.approx(entry["score"], abs=1e-6)
+
+
+def test_shared_canvases_are_refused_for_a_model_whose_canvas_is_fixed(tmp_path: Path) -> None:
+    from app.engine.factory import load_configured_model
+
+    settings = make_settings(model=SMALL, weights="none", artifacts_dir=tmp_path,
+                             canvas_buckets="224x320")  # fmt: skip
+    with pytest.raises(ModelLoadError, match=r"CANVAS_BUCKETS: .*FIT=center-crop"):
+        load_configured_model(settings.own_model())

@@ -26,6 +26,7 @@ import asyncio
 import base64
 import io
 from collections import Counter
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
@@ -152,3 +153,53 @@ async def test_served_answers_are_the_libraries_own(name: str, backend: str, fol
     if name == "keypoint_rcnn":
         limit = KEYPOINT_DISTANCE["torch" if backend == "torch" else "runtime"]
         assert figures["keypoint_distance"] <= limit, figures
+
+
+@pytest.mark.slow
+async def test_shared_canvases_batch_photos_of_different_shapes_together(folder: Path) -> None:
+    """``CANVAS_BUCKETS``: photos of four shapes padded into one canvas share a forward pass,
+    each told its own size (every box in its photo); a photo whose own canvas is its bucket
+    answers as it does alone."""
+    family = fidelity.FAMILY["faster_rcnn"]
+    weights = fidelity.checkpoint("faster_rcnn", folder)
+    expected = reference_answers("faster_rcnn", weights)
+    settings = make_settings(
+        model=family.model, task=family.task, weights=str(weights), backend="torch",
+        artifacts_dir=folder / "faster_rcnn", max_batch_size=8, dispatch_when_idle=False,
+        max_queue_delay_ms=300, min_score=0.05, max_detections=300,
+        request_timeout_ms=300_000, canvas_buckets="480x320,320x512", **family.settings,
+    )  # fmt: skip
+    photos = fidelity.photos()
+    async with serve(settings) as (_, client):
+        (model,) = (await client.get("/v1/models")).json()["models"]
+        before = (await client.get("/metrics")).text
+        responses = await asyncio.gather(*(
+            client.post("/predict", content=photo, headers={"content-type": "image/png"})
+            for photo in photos
+        ))  # fmt: skip
+        text = (await client.get("/metrics")).text
+    transform = TransformConfig(**model["transform"])
+    assert transform.buckets == ((320, 512), (480, 320))
+    sizes = [Image.open(io.BytesIO(photo)).size for photo in photos]
+    own = [replace(transform, buckets=()).placement(*size).canvas for size in sizes]
+    assert len(set(own)) == fidelity.shapes()  # five shapes alone, two canvases shared
+    for canvas, (images, passes) in {"320x512": (8, 1), "480x320": (2, 1)}.items():
+        for part, value in (("sum", images), ("count", passes)):
+            name = f'batchserve_canvas_batch_size_{part}{{canvas="{canvas}"}}'
+            assert measured(text, name) - measured(before, name) == value, name
+
+    answers = [served_answer(family.task, response.json()) for response in responses]
+    for (width, height), found in zip(sizes, answers, strict=True):
+        assert len(found)
+        assert (found.boxes[:, 2] > found.boxes[:, 0]).all()
+        assert (found.boxes[:, 3] > found.boxes[:, 1]).all()
+        assert found.boxes.min() >= 0
+        assert (found.boxes[:, [0, 2]] <= width).all()
+        assert (found.boxes[:, [1, 3]] <= height).all()
+    alone = [index for index, canvas in enumerate(own) if canvas == (320, 512)]
+    assert alone  # the cat's canvas is its bucket
+    figures = compare_answers(family.task, [expected[i] for i in alone],
+                              [answers[i] for i in alone], confident_score=0.5)  # fmt: skip
+    assert figures["confident_boxes"] >= 1, figures
+    assert figures["box_recall"] >= BOUNDS["torch"]["box_recall"], figures
+    assert figures["box_precision"] >= BOUNDS["torch"]["box_precision"], figures

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import time
+from dataclasses import replace
 
 import numpy as np
 import pytest
@@ -304,3 +305,23 @@ def test_large_jpegs_are_decoded_scaled_in_the_dct_and_come_out_alike() -> None:
     # The EXIF orientation is applied on the scaled path too.
     rotated = images.with_exif_orientation(photo, 6)
     assert decode_cpu(rotated, read_header(rotated), 256).shape == (3, 1024, 768)
+
+
+def test_shared_canvases_pad_each_image_into_the_smallest_that_holds_its_own() -> None:
+    from preprocessing.placement import Fit
+
+    alone = TransformConfig(fit=Fit.MIN_MAX, crop_size=320, resize_size=320, max_size=640,
+                            size_divisible=32)  # fmt: skip
+    detector = replace(alone, buckets=((480, 320), (320, 470), (416, 416)))
+    assert detector.buckets == ((320, 480), (416, 416), (480, 320))  # rounded as the model pads
+    for (width, height), canvas in {
+        (640, 480): (320, 480),  # its own 320x448: the smallest bucket that holds it
+        (480, 640): (480, 320),
+        (500, 500): (320, 480),  # its own 320x320 fits all three; 320x480 is the smallest
+        (1280, 320): (160, 640),  # no bucket holds 160x640: its own
+    }.items():
+        placed, own = detector.placement(width, height), alone.placement(width, height)
+        assert placed.canvas == canvas
+        assert (placed.content, placed.top, placed.left) == (own.content, 0, 0)
+    with pytest.raises(ValueError, match="FIT=stretch gives every image the same canvas"):
+        TransformConfig(fit=Fit.STRETCH, crop_size=320, resize_size=320, buckets=((320, 320),))

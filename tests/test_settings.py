@@ -27,6 +27,17 @@ def test_environment_variables_with_the_prefix(monkeypatch: pytest.MonkeyPatch) 
     assert "s3cret" not in repr(settings)
 
 
+def test_shared_canvases_are_read_as_height_by_width(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("BATCHSERVE_CANVAS_BUCKETS", "320x480, 480X320")
+    assert load_settings().canvas_buckets == ((320, 480), (480, 320))
+    monkeypatch.setenv("BATCHSERVE_CANVAS_BUCKETS", "320 by 480")
+    with pytest.raises(SettingsError, match="HEIGHTxWIDTH"):
+        load_settings()
+    monkeypatch.setenv("BATCHSERVE_CANVAS_BUCKETS", "4x480")
+    with pytest.raises(SettingsError, match="between 8 and 8192"):
+        load_settings()
+
+
 @pytest.mark.parametrize("key", ["", "short", "fifteen-bytes.."])
 def test_an_empty_or_short_api_key_stops_start_up(
     monkeypatch: pytest.MonkeyPatch, key: str

@@ -12,7 +12,7 @@ import threading
 import time
 import weakref
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any
 
 import torch
@@ -34,7 +34,7 @@ from app.engine.int8.int8_gated import gated_int8, int8_ready
 from app.engine.machine import Machine
 from app.engine.model.cards import StaleCardError, load_described
 from app.engine.model.compile import kept, resolve_compile
-from app.engine.model.loading import LoadedModel, load_model, loaded_digest
+from app.engine.model.loading import LoadedModel, ModelLoadError, load_model, loaded_digest
 from app.engine.model.store import (
     ensure_box_head,
     ensure_onnx,
@@ -58,10 +58,17 @@ logger = logging.getLogger("batchserve")
 def load_configured_model(config: ModelConfig, *, use_card: bool = True) -> LoadedModel:
     """The model the config name, with their weights, labels and input sizes: from its kept
     card when there is one (the module is then built only if something needs it)."""
-    return load_described(config, lambda: load_model(
+    loaded = load_described(config, lambda: load_model(
         config.model, config.weights, config.labels, config.image_size,
         config.resize_size, config.task, config.fit,
     ), use_card=use_card)  # fmt: skip
+    if config.canvas_buckets:
+        # A serving choice, not the model's: kept out of its card.
+        try:
+            loaded.transform = replace(loaded.transform, buckets=config.canvas_buckets)
+        except ValueError as exc:
+            raise ModelLoadError(f"CANVAS_BUCKETS: {exc}") from exc
+    return loaded
 
 
 def build_engine(

@@ -36,6 +36,7 @@ from torch import nn
 from app.engine.model.artifacts import file_sha256, keep_json, weights_digest
 from app.engine.model.kept import code_fingerprint, read_kept
 from app.engine.model.loading import ContentCheck, LoadedModel, ModelLoadError
+from app.engine.model.yolo_files import yolo_path
 from app.model_config import ModelConfig
 from preprocessing import TransformConfig
 
@@ -73,11 +74,12 @@ def card_path(config: ModelConfig) -> Path | None:
         return None
     weights = config.weights.strip()
     labels = config.labels
-    checkpoint = Path(weights).is_file()
+    file = checkpoint_of(config)
+    checkpoint = file is not None
     key = {
         "model": config.model,
         "weights": weights,
-        "checkpoint": _file_identity(Path(weights)) if checkpoint else None,
+        "checkpoint": _file_identity(file) if file is not None else None,
         # Pretrained weights come from the hub cache (WEIGHTS=auto falls back to random
         # weights when they are not there): a file added or removed there makes a new card.
         "hub": None if checkpoint or weights.lower() == "none" else _hub_state(),
@@ -86,7 +88,7 @@ def card_path(config: ModelConfig) -> Path | None:
         "resize_size": config.resize_size,
         "task": config.task,
         "fit": config.fit,
-        "versions": {name: _version(name) for name in ("torch", "torchvision")},
+        "versions": {name: _version(name) for name in ("torch", "torchvision", "ultralytics")},
         "code": code_fingerprint(),
     }
     digest = hashlib.sha256(json.dumps(key, sort_keys=True).encode()).hexdigest()[:20]
@@ -94,7 +96,11 @@ def card_path(config: ModelConfig) -> Path | None:
 
 
 def checkpoint_of(config: ModelConfig) -> Path | None:
-    """The checkpoint file the weights setting names, if it names one."""
+    """The checkpoint file the model (a YOLO file) or the weights setting names, if one
+    does."""
+    model = yolo_path(config.model)
+    if model is not None:
+        return model if model.is_file() else None
     path = Path(config.weights.strip())
     return path if path.is_file() else None
 

@@ -26,6 +26,7 @@ import torch
 from torch import nn
 
 from app.engine.model.artifacts import weights_digest
+from app.engine.model.yolo_files import YoloFileError, load_yolo, yolo_path
 from app.engine.tasks import Task, default_size, own_fit, resolve_task
 from app.engine.tasks.adapters import (
     SegmenterLogits,
@@ -175,6 +176,8 @@ def load_model(
     a warning), ``none`` (random), a torchvision weights name such as ``IMAGENET1K_V2``, or a
     checkpoint path.
     """
+    if (path := yolo_path(name)) is not None:
+        return _load_yolo(path, labels_path, image_size, task, fit)
     served = resolve_task(task, name)
     labels = read_labels(labels_path) if labels_path is not None else None
     if ":" in name:
@@ -202,6 +205,33 @@ def load_model(
     return LoadedModel(name, module, weights_used, final_labels, transform, task=served,
                        dimensions=outputs if served == "embed" else 0,
                        instances=instances)  # fmt: skip
+
+
+def _load_yolo(
+    path: Path, labels_path: Path | None, image_size: int | None, task: str, fit: str
+) -> LoadedModel:
+    """An Ultralytics YOLO file: its task, names and input size its own."""
+    try:
+        yolo = load_yolo(path, image_size)
+    except YoloFileError as exc:
+        raise ModelLoadError(str(exc)) from None
+    if task not in ("auto", yolo.task):
+        raise ModelLoadError(f"{path} is a YOLO model served as TASK={yolo.task}, not {task}")
+    transform = yolo.transform
+    if fit not in ("auto", transform.fit):
+        logger.warning("%s: FIT=%s replaces Ultralytics' own input (%s): its answers will "
+                       "differ from Ultralytics'", path, fit, transform.fit)  # fmt: skip
+        transform = dataclasses.replace(transform, fit=Fit(fit))
+    labels = yolo.labels
+    if labels_path is not None:
+        labels = read_labels(labels_path)
+        if len(labels) != len(yolo.labels):
+            raise ModelLoadError(
+                f"{labels_path} has {len(labels)} labels but {path} has {len(yolo.labels)} classes"
+            )
+    _count_outputs(yolo.module, transform, str(path), yolo.task)
+    return LoadedModel(str(path), yolo.module, str(path), labels, transform, task=yolo.task,
+                       instances=yolo.instances)  # fmt: skip
 
 
 def _task_of(module: nn.Module) -> Task | None:

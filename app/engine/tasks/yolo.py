@@ -1,0 +1,175 @@
+"""Ultralytics YOLO models, served as Ultralytics' predictor answers them.
+
+The network runs to its raw head (``YoloGraph``): ``[N, 4 + classes + extra, A]`` over every
+anchor point ``A`` of every level, each column a box as centre x, y, width and height in the
+input's pixels, the classes' scores (after their sigmoid) and, for a pose model, each
+keypoint's x, y (input pixels) and visibility. Ultralytics documents this as the output of
+its exports. ``YoloDecode`` is the rest, in PyTorch, for the whole batch at once, as the
+documented ``predict`` defaults describe it: each anchor's best class, those scoring above the
+floor, class-aware non-maximum suppression per image at ``iou`` (0.7), at most ``max_det``
+(300) best first; boxes converted to corners. The input is Ultralytics' letterbox
+(``preprocessing.placement``'s ``centered-letterbox``: grey 114, RGB scaled to [0, 1], no mean
+or std), and the server maps boxes and keypoints back from it.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+import torch
+from torch import nn
+
+from app.engine.tasks.outputs import Detections
+from preprocessing import Fit, TransformConfig
+from preprocessing.transforms import Resampler
+
+# Ultralytics' task names, and what each is served as here.
+SERVED_TASKS = {"detect": "detect", "pose": "detect", "classify": "classify"}
+PREDICT_IOU = 0.7  # Ultralytics' predict default
+PREDICT_MAX_DET = 300
+# The lowest score decoded: requests choose theirs (?min_score=) above it. Greedy suppression
+# keeps the same boxes above any threshold whatever the floor beneath it.
+SCORE_FLOOR = 0.001
+PAD_GREY = 114
+
+
+def ultralytics_model(module: Any) -> bool:
+    """Whether ``module`` is an Ultralytics model (``DetectionModel`` and its kin)."""
+    return type(module).__module__.startswith("ultralytics.") and hasattr(module, "task")
+
+
+def yolo_transform(imgsz: int, stride: int = 32) -> TransformConfig:
+    """Ultralytics' predictor input for a lone image: the centred letterbox fitting it into
+    ``imgsz``, padded to the ``stride`` with grey 114, bilinear on the uint8 image without
+    antialiasing (by OpenCV, as Ultralytics resizes, where it is installed: the ``yolo``
+    extra brings it), [0, 1] with no mean or std."""
+    return TransformConfig(
+        crop_size=imgsz, resize_size=imgsz, mean=(0.0, 0.0, 0.0), std=(1.0, 1.0, 1.0),
+        fit=Fit.CENTERED_LETTERBOX, size_divisible=stride, antialias=False, float_resize=False,
+        fill=PAD_GREY / 255, resampler=Resampler.OPENCV if _has_opencv() else Resampler.TORCH,
+    )  # fmt: skip
+
+
+def yolo_classify_transform(imgsz: int) -> TransformConfig:
+    """Ultralytics' classification input: the shorter side to ``imgsz`` (Pillow's bilinear,
+    as torchvision's ``Resize`` on a PIL image), its centre square, [0, 1] with no mean or
+    std."""
+    return TransformConfig(crop_size=imgsz, resize_size=imgsz, mean=(0.0, 0.0, 0.0),
+                           std=(1.0, 1.0, 1.0), fit=Fit.CENTER_CROP,
+                           resampler=Resampler.PILLOW)  # fmt: skip
+
+
+def _has_opencv() -> bool:
+    return importlib.util.find_spec("cv2") is not None
+
+
+def head_tensor(output: Any) -> torch.Tensor:
+    """The raw head ``[N, 4 + classes + extra, A]`` of what a YOLO model returns: itself (an
+    export), or the first of eager Ultralytics' ``(head, extras)``."""
+    while not isinstance(output, torch.Tensor):
+        if isinstance(output, Mapping) or not isinstance(output, Sequence) or not output:
+            raise ValueError(f"a YOLO model answered {type(output).__name__}, not its head")
+        output = output[0]
+    return output
+
+
+class YoloGraph(nn.Module):
+    """The network to its raw head: ``[N, 3, S, S]`` to ``[N, 4 + classes + extra, A]``."""
+
+    def __init__(self, model: nn.Module) -> None:
+        super().__init__()
+        self.model = model
+
+    def forward(self, batch: torch.Tensor) -> torch.Tensor:
+        return head_tensor(self.model(batch))
+
+
+class YoloDecode:
+    """Ultralytics' predict decoding of the raw head, for a batch: ``classes`` class scores
+    after the box, then ``keypoints`` (``(P, 3)``: x, y, visibility; or ``(P, 2)``, answered
+    with a visibility of 1) per anchor where a pose model gives them."""
+
+    def __init__(
+        self,
+        classes: int,
+        keypoints: tuple[int, int] | None = None,
+        iou: float = PREDICT_IOU,
+        max_det: int = PREDICT_MAX_DET,
+    ) -> None:
+        self.classes = classes
+        self.keypoints = keypoints
+        self.iou = iou
+        self.max_det = max_det
+
+    def __call__(
+        self,
+        outputs: Sequence[torch.Tensor],
+        canvas: tuple[int, int] | None = None,
+        sizes: Sequence[tuple[int, int]] | None = None,
+    ) -> Detections:
+        from torchvision.ops import batched_nms
+
+        head = outputs[0].float().transpose(1, 2)  # [N, A, 4 + classes + extra]
+        images = head.shape[0]
+        scores, labels = head[..., 4 : 4 + self.classes].max(dim=2)
+        image, anchor = (scores > SCORE_FLOOR).nonzero(as_tuple=True)
+        chosen = head[image, anchor]
+        boxes = corners(chosen[:, :4])
+        # One suppression for the whole batch: a group per image and class.
+        group = image * self.classes + labels[image, anchor]
+        kept = batched_nms(boxes, scores[image, anchor], group, self.iou)  # best first
+        per_image = [kept[image[kept] == row][: self.max_det] for row in range(images)]
+        count = max(1, *(len(each) for each in per_image)) if images else 1
+        padded_boxes = head.new_zeros((images, count, 4))
+        padded_scores = head.new_zeros((images, count))
+        padded_labels = torch.zeros((images, count), dtype=torch.int64, device=head.device)
+        points, shape = None, self.keypoints
+        if shape is not None:
+            points = head.new_ones((images, count, shape[0], 3))
+        for row, rows in enumerate(per_image):
+            found = len(rows)
+            padded_boxes[row, :found] = boxes[rows]
+            padded_scores[row, :found] = scores[image[rows], anchor[rows]]
+            padded_labels[row, :found] = labels[image[rows], anchor[rows]]
+            if points is not None and shape is not None:
+                extra = chosen[rows, 4 + self.classes :]
+                points[row, :found, :, : shape[1]] = extra.reshape(found, *shape)
+        return Detections(padded_boxes, padded_scores, padded_labels, None, points)
+
+
+def corners(xywh: torch.Tensor) -> torch.Tensor:
+    """Centre x, y, width, height to x1, y1, x2, y2."""
+    centre, half = xywh[:, :2], xywh[:, 2:] / 2
+    return torch.cat((centre - half, centre + half), dim=1)
+
+
+class YoloDetector(nn.Module):
+    """A YOLO detection or pose model taking the server's batch: its graph, then its
+    decoding."""
+
+    takes_sizes = True
+
+    def __init__(self, graph: nn.Module, decoding: YoloDecode) -> None:
+        super().__init__()
+        self.graph = graph
+        self.decoding = decoding
+
+    def forward(
+        self, batch: torch.Tensor, sizes: Sequence[tuple[int, int]] | None = None
+    ) -> Detections:
+        return self.decoding([self.graph(batch)])
+
+
+class YoloClassifier(nn.Module):
+    """A YOLO classifier, whose head answers probabilities, answering their logarithms: the
+    server's softmax then gives back Ultralytics' own probabilities."""
+
+    def __init__(self, model: nn.Module) -> None:
+        super().__init__()
+        self.model = model
+
+    def forward(self, batch: torch.Tensor) -> torch.Tensor:
+        probabilities = head_tensor(self.model(batch))
+        return probabilities.clamp_min(torch.finfo(probabilities.dtype).tiny).log()

@@ -1,0 +1,150 @@
+"""Ultralytics YOLO files served as Ultralytics' own ``predict`` answers them.
+
+YOLO11n detection, pose and classification models built offline from Ultralytics' YAMLs with
+spread weights (``tests.yolo_models``), served from their checkpoint (and the detector from
+its TorchScript export) with one setting, ``MODEL``; real photos of five shapes sent together
+(a checkpoint's each in its own minimum rectangle, as Ultralytics letterboxes a lone photo;
+an export's of fixed shapes all in its square) and their answers held to
+``YOLO(file).predict(photo)`` photo by photo: the recall and precision of its
+confident boxes (IoU >= 0.5, same class), their mean IoU, and the keypoints' distance. A
+decoder that forgot the letterbox's centring would move every box of the non-square photos
+by half their padding and fail.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import warnings
+from dataclasses import replace
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pytest
+import torch
+
+from app.engine.checks.task_gate import compare_answers
+from app.engine.model.loading import ModelLoadError, load_model
+from harness import reference
+from harness.photos import photos
+from tests import yolo_models
+from tests.conftest import make_settings, serve
+from tests.test_fidelity import served_answer
+
+pytest.importorskip("ultralytics")
+
+pytestmark = pytest.mark.slow
+BOUNDS = {"box_recall": 0.99, "box_precision": 0.99, "matched_iou": 0.99}
+KEYPOINT_DISTANCE = 0.5
+
+
+@pytest.fixture(scope="module")
+def folder(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    return tmp_path_factory.mktemp("yolo")
+
+
+def settings_for(path: Path, folder: Path, **overrides: Any) -> Any:
+    return make_settings(
+        model=str(path), artifacts_dir=folder / "artifacts", max_batch_size=8,
+        dispatch_when_idle=False, max_queue_delay_ms=300, min_score=0.05, max_detections=300,
+        request_timeout_ms=300_000, **overrides,
+    )  # fmt: skip
+
+
+async def served(path: Path, folder: Path, **overrides: Any) -> tuple[dict[str, Any], list[Any]]:
+    async with serve(settings_for(path, folder, **overrides)) as (_, client):
+        (model,) = (await client.get("/v1/models")).json()["models"]
+        responses = await asyncio.gather(*(
+            client.post("/predict", content=photo, headers={"content-type": "image/png"})
+            for photo in photos()
+        ))  # fmt: skip
+    for response in responses:
+        assert response.status_code == 200, response.text
+    return model, [response.json() for response in responses]
+
+
+@pytest.mark.parametrize(("task", "export"), [("detect", False), ("pose", False), ("detect", True)])
+async def test_a_yolo_file_answers_what_ultralytics_answers(
+    task: str, export: bool, folder: Path
+) -> None:
+    checkpoint = yolo_models.checkpoint(task, folder)
+    path = yolo_models.torchscript(task, folder) if export else checkpoint
+    model, bodies = await served(path, folder)
+    assert model["task"] == "detect"
+    assert model["name"] == path.stem  # a file's name without its suffix: URLs stay plain
+    assert model["transform"]["fit"] == "centered-letterbox"
+    answers = [served_answer("detect", body) for body in bodies]
+    expected = reference.yolo_detected(str(path), photos())
+
+    figures = compare_answers("detect", expected, answers, confident_score=0.5)
+    assert figures["confident_boxes"] >= 20, figures  # enough to judge by
+    for figure, bound in BOUNDS.items():
+        assert figures[figure] >= bound, figures
+    if task == "pose":
+        assert figures["keypoint_distance"] <= KEYPOINT_DISTANCE, figures
+        assert all(len(each.keypoints[0]) == 17 for each in answers if len(each)), "17 points"
+    # The labels are the model's own names.
+    assert {d["label"] for body in bodies for d in body["detections"]} <= set(
+        _names(checkpoint).values()
+    )
+
+
+async def test_a_yolo_classifier_answers_ultralytics_probabilities(folder: Path) -> None:
+    path = yolo_models.checkpoint("classify", folder)
+    model, bodies = await served(path, folder, top_k=5)
+    assert model["task"] == "classify"
+    expected = reference.yolo_classified(str(path), photos())
+    for body, probabilities in zip(bodies, expected, strict=True):
+        best = body["predictions"][0]
+        assert best["index"] == int(probabilities.argmax())
+        assert best["score"] == pytest.approx(float(probabilities.max()), abs=1e-4)
+
+
+def _names(path: Path) -> dict[int, str]:
+    from ultralytics import YOLO
+
+    names: dict[int, str] = YOLO(str(path)).names
+    return names
+
+
+def test_files_that_are_not_a_servable_yolo_model_stop_the_start(folder: Path) -> None:
+    state = folder / "state_dict.pt"
+    torch.save({"weight": torch.zeros(2)}, state)
+    with pytest.raises(ModelLoadError, match="not an Ultralytics checkpoint"):
+        load_model(str(state))
+    with pytest.raises(ModelLoadError, match="no such file"):
+        load_model(str(folder / "missing.pt"))
+    bare = folder / "bare.torchscript"
+    with warnings.catch_warnings():  # TorchScript is deprecated; Ultralytics still exports it
+        warnings.simplefilter("ignore", FutureWarning)
+        torch.jit.save(torch.jit.script(torch.nn.Identity()), str(bare))
+    with pytest.raises(ModelLoadError, match="no Ultralytics metadata"):
+        load_model(str(bare))
+    segment = yolo_models.checkpoint("segment", folder)
+    with pytest.raises(ModelLoadError, match="YOLO segment: served are"):
+        load_model(str(segment))
+    detector = yolo_models.checkpoint("detect", folder)
+    with pytest.raises(ModelLoadError, match="served as TASK=detect, not segment"):
+        load_model(str(detector), task="segment")
+
+
+def test_the_letterbox_is_centred_as_ultralytics_centres_it() -> None:
+    """Each photo's content lies where Ultralytics' ``LetterBox`` puts it: alone, in its
+    minimum rectangle; in the shared square, where a batch of mixed sizes puts it."""
+    from ultralytics.data.augment import LetterBox
+
+    from app.engine.tasks.yolo import yolo_transform
+
+    alone = yolo_transform(640, stride=32)
+    shared = replace(alone, buckets=((640, 640),))
+    for width, height in [(600, 400), (451, 300), (512, 512), (400, 600), (640, 200), (33, 1001)]:
+        image = {"img": np.zeros((height, width, 3), dtype=np.uint8)}
+        for transform, rect in ((alone, True), (shared, False)):
+            params = LetterBox((640, 640), auto=rect, stride=32).get_params(dict(image))
+            where = transform.placement(width, height)
+            assert (where.content_width, where.content_height) == params["new_unpad"]
+            assert (where.top, where.left) == (params["top"], params["left"])
+            assert where.canvas == (
+                params["top"] + params["new_unpad"][1] + params["bottom"],
+                params["left"] + params["new_unpad"][0] + params["right"],
+            )
