@@ -71,7 +71,7 @@ async def test_a_yolo_file_answers_what_ultralytics_answers(
     path = yolo_models.torchscript(task, folder) if export else checkpoint
     model, bodies = await served(path, folder)
     assert model["task"] == "detect"
-    assert model["name"] == path.stem  # a file's name without its suffix: URLs stay plain
+    assert model["model"] == path.stem  # the file's name without its suffix: URLs stay plain
     assert model["transform"]["fit"] == "centered-letterbox"
     answers = [served_answer("detect", body) for body in bodies]
     expected = reference.yolo_detected(str(path), photos())
