@@ -24,6 +24,7 @@ import pytest
 import torch
 
 from app.engine.checks.task_gate import compare_answers
+from app.engine.factory import load_configured_model
 from app.engine.model.loading import ModelLoadError, load_model
 from harness import reference
 from harness.photos import photos
@@ -126,6 +127,10 @@ def test_files_that_are_not_a_servable_yolo_model_stop_the_start(folder: Path) -
     detector = yolo_models.checkpoint("detect", folder)
     with pytest.raises(ModelLoadError, match="served as TASK=detect, not segment"):
         load_model(str(detector), task="segment")
+    export = yolo_models.torchscript("detect", folder)
+    config = settings_for(export, folder, canvas_buckets="640x960").own_model()
+    with pytest.raises(ModelLoadError, match="takes only its own canvas 640x640"):
+        load_configured_model(config, use_card=False)
 
 
 def test_the_letterbox_is_centred_as_ultralytics_centres_it() -> None:
@@ -148,3 +153,26 @@ def test_the_letterbox_is_centred_as_ultralytics_centres_it() -> None:
                 params["top"] + params["new_unpad"][1] + params["bottom"],
                 params["left"] + params["new_unpad"][0] + params["right"],
             )
+
+
+async def test_a_yolo_pose_model_answers_the_same_over_the_protocol(folder: Path) -> None:
+    """``boxes``, ``scores``, ``labels``, ``num_detections`` and ``keypoints [B, K, 17, 3]``,
+    as ``/predict`` answers the same photos."""
+    from tests.test_tasks import outputs_of, v2_body
+
+    path = yolo_models.checkpoint("pose", folder)
+    pictures = [photos()[0], photos()[4]]
+    async with serve(settings_for(path, folder)) as (_, client):
+        found = outputs_of(await client.post(f"/v2/models/{path.stem}/infer",
+                                             content=v2_body(*pictures)))  # fmt: skip
+        alone = [(await client.post("/predict", content=picture,
+                                    headers={"content-type": "image/png"})).json()
+                 for picture in pictures]  # fmt: skip
+    counts = found["num_detections"]["data"]
+    assert counts == [len(body["detections"]) for body in alone]
+    most = max(counts)
+    assert found["keypoints"]["shape"] == [2, most, 17, 3]
+    points = np.array(found["keypoints"]["data"], dtype=np.float32).reshape(2, most, 17, 3)
+    for row, body in enumerate(alone):
+        expected = np.array([each["keypoints"] for each in body["detections"]], dtype=np.float32)
+        np.testing.assert_allclose(points[row, : counts[row]], expected, atol=1e-3)

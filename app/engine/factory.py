@@ -63,6 +63,11 @@ def load_configured_model(config: ModelConfig, *, use_card: bool = True) -> Load
         config.resize_size, config.task, config.fit,
     ), use_card=use_card)  # fmt: skip
     if config.canvas_buckets:
+        if loaded.transform.buckets:  # the model's own: an export of one fixed shape
+            raise ModelLoadError(
+                f"CANVAS_BUCKETS: {config.model} takes only its own canvas "
+                f"{loaded.transform.buckets[0][0]}x{loaded.transform.buckets[0][1]}"
+            )
         # A serving choice, not the model's: kept out of its card.
         try:
             loaded.transform = replace(loaded.transform, buckets=config.canvas_buckets)
