@@ -9,9 +9,9 @@ so that its outputs spread as a trained model's do: class logits of a few units 
 of confident boxes a photo, masks of several classes; a sigmoid head's centred low, so that
 few of its hundreds of thousands of anchors are confident), box offsets of a tenth of a
 unit (boxes stay near their anchors). A layer that holds fixed values rather than weights
-(one that takes no gradient: YOLO's distribution-to-distance convolution) is left alone. The
-same seed and photo give the same weights everywhere: save them with
-``torch.save(model.state_dict(), path)`` and serve that checkpoint.
+(YOLO's distribution-to-distance convolution) is left alone. The same seed and photo give
+the same weights everywhere: save them with ``torch.save(model.state_dict(), path)`` and
+serve that checkpoint.
 """
 
 from __future__ import annotations
@@ -46,10 +46,11 @@ def spread(
     head's logits to ``class_spread``, a sigmoid head's to ``sigmoid_confident`` of its
     outputs above 0."""
     generator = torch.Generator().manual_seed(seed)
+    fixed = _fixed_layers(model)
     with torch.no_grad():
         for module in model.modules():
             if isinstance(module, nn.Conv2d | nn.Linear | nn.ConvTranspose2d):
-                if module.weight.requires_grad:  # not a layer of fixed values (YOLO's DFL)
+                if module not in fixed:
                     _drawn(module, generator)
             elif _normalisation(module):
                 for name, value in (("weight", 1.0), ("bias", 0.0), ("running_mean", 0.0),
@@ -90,6 +91,14 @@ def spread(
                 else:
                     layer.bias.copy_(bias)
     return model
+
+
+def _fixed_layers(model: nn.Module) -> set[nn.Module]:
+    """Layers that hold fixed values, not weights: a YOLO head's distribution-to-distance
+    convolution (``DFL``: the bins' indices, frozen)."""
+    layers = [getattr(each, "conv", None) for each in model.modules()
+              if type(each).__name__ == "DFL"]  # fmt: skip
+    return {each for each in layers if isinstance(each, nn.Conv2d)}
 
 
 def _drawn(module: nn.Conv2d | nn.Linear | nn.ConvTranspose2d, generator: torch.Generator) -> None:

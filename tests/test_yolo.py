@@ -35,8 +35,13 @@ from tests.test_fidelity import served_answer
 pytest.importorskip("ultralytics")
 
 pytestmark = pytest.mark.slow
-BOUNDS = {"box_recall": 0.99, "box_precision": 0.99, "matched_iou": 0.99}
-KEYPOINT_DISTANCE = 0.5
+# PyTorch computes what Ultralytics computes; a runtime, in its own arithmetic, may move what
+# rounding moves (the bounds of the torchvision families' fidelity tests).
+BOUNDS = {
+    "torch": {"box_recall": 0.99, "box_precision": 0.99, "matched_iou": 0.99},
+    "runtime": {"box_recall": 0.9, "box_precision": 0.9, "matched_iou": 0.95},
+}
+KEYPOINT_DISTANCE = {"torch": 0.5, "runtime": 3.0}
 
 
 @pytest.fixture(scope="module")
@@ -64,13 +69,20 @@ async def served(path: Path, folder: Path, **overrides: Any) -> tuple[dict[str, 
     return model, [response.json() for response in responses]
 
 
-@pytest.mark.parametrize(("task", "export"), [("detect", False), ("pose", False), ("detect", True)])
+@pytest.mark.parametrize(
+    ("task", "export", "backend"),
+    [("detect", False, "torch"), ("pose", False, "torch"), ("detect", True, "auto"),
+     ("detect", False, "onnxruntime"), ("detect", False, "openvino"),
+     ("pose", False, "onnxruntime"), ("pose", False, "openvino")],
+)  # fmt: skip
 async def test_a_yolo_file_answers_what_ultralytics_answers(
-    task: str, export: bool, folder: Path
+    task: str, export: bool, backend: str, folder: Path
 ) -> None:
     checkpoint = yolo_models.checkpoint(task, folder)
     path = yolo_models.torchscript(task, folder) if export else checkpoint
-    model, bodies = await served(path, folder)
+    model, bodies = await served(path, folder, backend=backend)
+    # A runtime serves the network to its raw head; an export runs on PyTorch alone.
+    assert model["backend"]["name"] == ("torch" if backend == "auto" else backend)
     assert model["task"] == "detect"
     assert model["model"] == path.stem  # the file's name without its suffix: URLs stay plain
     assert model["transform"]["fit"] == "centered-letterbox"
@@ -79,10 +91,11 @@ async def test_a_yolo_file_answers_what_ultralytics_answers(
 
     figures = compare_answers("detect", expected, answers, confident_score=0.5)
     assert figures["confident_boxes"] >= 20, figures  # enough to judge by
-    for figure, bound in BOUNDS.items():
+    side = "runtime" if backend in ("onnxruntime", "openvino") else "torch"
+    for figure, bound in BOUNDS[side].items():
         assert figures[figure] >= bound, figures
     if task == "pose":
-        assert figures["keypoint_distance"] <= KEYPOINT_DISTANCE, figures
+        assert figures["keypoint_distance"] <= KEYPOINT_DISTANCE[side], figures
         assert all(len(each.keypoints[0]) == 17 for each in answers if len(each)), "17 points"
     # The labels are the model's own names.
     assert {d["label"] for body in bodies for d in body["detections"]} <= set(

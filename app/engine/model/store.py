@@ -93,13 +93,23 @@ def exported_graph(loaded: LoadedModel) -> tuple[torch.nn.Module, tuple[str, ...
     """What of the model a runtime runs, and its outputs' names: the whole model, or a
     detector's graph (``tasks.adapters.detector_parts``)."""
     if loaded.task != "detect":
+        _refuse_an_export(loaded)
         return loaded.module, (OUTPUT_NAME,)
     parts = runtime_parts(loaded)
     return parts.graph, parts.outputs
 
 
+def _refuse_an_export(loaded: LoadedModel) -> None:
+    if not getattr(loaded.module, "exportable", True):
+        raise StartupError(
+            f"{loaded.name} is a TorchScript export, which PyTorch alone runs (BACKEND=torch, "
+            f"or auto): serve the checkpoint it was exported from on ONNX Runtime or OpenVINO"
+        )
+
+
 def runtime_parts(loaded: LoadedModel) -> DetectorParts:
     """A detector's parts for a runtime, or the one line that says why it has none."""
+    _refuse_an_export(loaded)
     parts = detector_parts(loaded.module, loaded.transform.example_canvas)
     if parts is None:
         raise StartupError(

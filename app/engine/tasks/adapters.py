@@ -29,6 +29,7 @@ from app.engine.tasks.dense import DenseDecode, DenseGraph, dense, head_outputs
 from app.engine.tasks.outputs import Detections, detections, segmentation
 from app.engine.tasks.rcnn import BoxHeadRun, RcnnBoxHead, RcnnDecode, RcnnGraph, two_stage
 from app.engine.tasks.ssd import SsdDecode, SsdGraph
+from app.engine.tasks.yolo import YoloDetector
 from preprocessing import Fit, TransformConfig
 from preprocessing.transforms import Interpolation
 
@@ -190,11 +191,14 @@ def detector_parts(module: nn.Module, canvas: tuple[int, int]) -> DetectorParts 
     one's own) runs on PyTorch alone.
 
     torchvision's: its graph and decoding (``TorchvisionDetector``), a two-stage detector's
-    box head a second graph (``tasks.rcnn``). A model that returns padded ``(boxes, scores,
-    labels)`` itself: exported whole."""
+    box head a second graph (``tasks.rcnn``); a YOLO model's network to its raw head
+    (``tasks.yolo``). A model that returns padded ``(boxes, scores, labels)`` itself: exported
+    whole."""
     if isinstance(module, TorchvisionDetector):
         box_head = RcnnBoxHead(module.model) if two_stage(module.model) else None
         return DetectorParts(module.graph, module.decoding, graph_outputs(module.model), box_head)
+    if isinstance(module, YoloDetector):
+        return DetectorParts(module.graph, module.decoding, ("head",))
     with torch.inference_mode():
         answered = module(torch.zeros((1, 3, *canvas), device=_device_of(module)))
     if not (isinstance(answered, tuple) and len(answered) == 3):

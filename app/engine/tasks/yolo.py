@@ -81,9 +81,19 @@ class YoloGraph(nn.Module):
     def __init__(self, model: nn.Module) -> None:
         super().__init__()
         self.model = model
+        head = model.model[-1] if isinstance(getattr(model, "model", None), nn.Sequential) else None
+        if head is not None and hasattr(head, "dynamic"):
+            # Its anchor points made on every call, not kept from the last input's shape: the
+            # graph then exports with a free batch and canvas, and threads share no state.
+            head.dynamic = True
 
     def forward(self, batch: torch.Tensor) -> torch.Tensor:
         return head_tensor(self.model(batch))
+
+    @property
+    def exportable(self) -> bool:
+        """Whether a runtime can be given it: a TorchScript export runs on PyTorch alone."""
+        return not isinstance(self.model, torch.jit.ScriptModule)
 
 
 class YoloDecode:
@@ -161,6 +171,10 @@ class YoloDetector(nn.Module):
     ) -> Detections:
         return self.decoding([self.graph(batch)])
 
+    @property
+    def exportable(self) -> bool:
+        return bool(self.graph.exportable) if isinstance(self.graph, YoloGraph) else True
+
 
 class YoloClassifier(nn.Module):
     """A YOLO classifier, whose head answers probabilities, answering their logarithms: the
@@ -173,3 +187,7 @@ class YoloClassifier(nn.Module):
     def forward(self, batch: torch.Tensor) -> torch.Tensor:
         probabilities = head_tensor(self.model(batch))
         return probabilities.clamp_min(torch.finfo(probabilities.dtype).tiny).log()
+
+    @property
+    def exportable(self) -> bool:
+        return not isinstance(self.model, torch.jit.ScriptModule)
