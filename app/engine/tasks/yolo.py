@@ -81,7 +81,8 @@ class YoloGraph(nn.Module):
     def __init__(self, model: nn.Module) -> None:
         super().__init__()
         self.model = model
-        head = model.model[-1] if isinstance(getattr(model, "model", None), nn.Sequential) else None
+        layers = getattr(model, "model", None)
+        head = layers[-1] if isinstance(layers, nn.Sequential) else None
         if head is not None and hasattr(head, "dynamic"):
             # Its anchor points made on every call, not kept from the last input's shape: the
             # graph then exports with a free batch and canvas, and threads share no state.
