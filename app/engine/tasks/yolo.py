@@ -86,7 +86,7 @@ class YoloGraph(nn.Module):
         if head is not None and hasattr(head, "dynamic"):
             # Its anchor points made on every call, not kept from the last input's shape: the
             # graph then exports with a free batch and canvas, and threads share no state.
-            head.dynamic = True
+            setattr(head, "dynamic", True)  # noqa: B010 - a plain attribute of theirs
 
     def forward(self, batch: torch.Tensor) -> torch.Tensor:
         return head_tensor(self.model(batch))
