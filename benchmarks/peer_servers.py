@@ -59,6 +59,14 @@ BATCHSERVE = [
 BATCHSERVE_TASKS = ["batchserve:", "batchserve unbatched:max_batch_size=1"]
 
 
+# Ultralytics YOLO models by name, built offline (``harness.yolo``): their task.
+YOLO_TASKS = {"yolo11n": "detect", "yolo11n-pose": "pose", "yolo11n-cls": "classify"}
+
+
+def is_yolo(model: str) -> bool:
+    return model in YOLO_TASKS
+
+
 def peer_python(name: str) -> Path:
     """The peer's environment, made when missing."""
     venv = PEERS_DIR / name
@@ -144,8 +152,13 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
     calibration.mkdir()
     for index, data in enumerate(generate(32, seed=500)):
         (calibration / f"{index}.jpg").write_bytes(data)
+    model = args.model
+    if is_yolo(model):  # a checkpoint of spread weights, as `yolo train` leaves one
+        from harness import yolo
+
+        model = str(yolo.checkpoint(YOLO_TASKS.get(model, "detect"), scratch, name=model))
     shared = {
-        **server_env(args.model, "fp32", args.batch_size),
+        **server_env(model, "fp32", args.batch_size),
         "BATCHSERVE_BACKEND": "auto",
         "BATCHSERVE_ARTIFACTS_DIR": str(scratch / "artifacts"),
         "BATCHSERVE_CALIBRATION_DIR": str(calibration),
@@ -157,7 +170,7 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
         peer_python(name)
     samples: dict[str, list[dict[str, Any]]] = {}
     with stack:
-        if resolve_task("auto", args.model) == "classify":
+        if not is_yolo(args.model) and resolve_task("auto", args.model) == "classify":
             prepare_artifacts(args.model, args.batch_size, ours)
         # One start each before the rounds: BACKEND=auto and SHARDS=auto measure once and
         # keep their choice, which every round serves.
@@ -173,7 +186,7 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
                 name: UvicornProcess(settings, startup_timeout=600)
                 for name, settings in ours.items()
             }
-            servers |= {name: peer_server(name, args.model, args.batch_size) for name in args.peers}
+            servers |= {name: peer_server(name, model, args.batch_size) for name in args.peers}
             for name, server in servers.items():
                 sample = measure(server, images, args)
                 samples.setdefault(name, []).append(sample)
@@ -241,11 +254,17 @@ def markdown(data: dict[str, Any]) -> str:
         for name, m in data["medians"].items()
     ]  # fmt: skip
     peers = ", ".join(" ".join(spec) for spec in data["peers"].values())
+    model_text = (
+        "Ultralytics' own `YOLO(checkpoint).predict(list_of_images)` on the batch (a "
+        "checkpoint of spread weights built offline from Ultralytics' YAML, the same file "
+        "batchserve serves), boxes above 0.3, at most 100"
+        if is_yolo(data["model"])
+        else "eager torchvision model with its own preprocessing (a detector called on the list "
+        "of images, a segmenter on the images of each shape stacked)"
+    )
     peer_text = (
-        f"Peers ({peers}) written as their documentation shows (`benchmarks/peer_apps`): eager "
-        "torchvision model with its own preprocessing (a detector called on the list of images, "
-        "a segmenter on the images of each shape stacked), dynamic batching with the same "
-        "batch size and a 10 ms window."
+        f"Peers ({peers}) written as their documentation shows (`benchmarks/peer_apps`): "
+        f"{model_text}, dynamic batching with the same batch size and a 10 ms window."
         if peers
         else "No peer ran."
     )
@@ -334,7 +353,9 @@ def batches_text(data: dict[str, Any]) -> str:
 
 def main() -> None:
     parser = command_line(__doc__, __file__)
-    parser.add_argument("--model", default="resnet18")
+    parser.add_argument("--model", default="resnet18",
+                        help="a torchvision architecture, or yolo11n, yolo11n-pose, yolo11n-cls "
+                        "(an Ultralytics checkpoint of spread weights, made here)")  # fmt: skip
     parser.add_argument("--batch-size", type=int, default=8)
     load_arguments(parser)
     parser.add_argument("--configs", nargs="*",
@@ -348,7 +369,7 @@ def main() -> None:
     args = parser.parse_args()
     wrk.require()
     if args.configs is None:
-        classify = resolve_task("auto", args.model) == "classify"
+        classify = not is_yolo(args.model) and resolve_task("auto", args.model) == "classify"
         args.configs = BATCHSERVE if classify else BATCHSERVE_TASKS
     data = run(args)
     suffix = "-one-shape" if args.shapes == "one" else ""

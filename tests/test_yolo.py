@@ -1,7 +1,7 @@
 """Ultralytics YOLO files served as Ultralytics' own ``predict`` answers them.
 
 YOLO11n detection, pose and classification models built offline from Ultralytics' YAMLs with
-spread weights (``tests.yolo_models``), served from their checkpoint (and the detector from
+spread weights (``harness.yolo``), served from their checkpoint (and the detector from
 its TorchScript export) with one setting, ``MODEL``; real photos of five shapes sent together
 (a checkpoint's each in its own minimum rectangle, as Ultralytics letterboxes a lone photo;
 an export's of fixed shapes all in its square) and their answers held to
@@ -27,8 +27,8 @@ from app.engine.checks.task_gate import compare_answers
 from app.engine.factory import load_configured_model
 from app.engine.model.loading import ModelLoadError, load_model
 from harness import reference
+from harness import yolo as yolo_models
 from harness.photos import photos
-from tests import yolo_models
 from tests.conftest import make_settings, serve
 from tests.test_fidelity import served_answer
 

@@ -28,7 +28,7 @@ from app.engine.observer import BatchReport, EngineObserver
 from app.engine.pipeline.graphs import bucket_for
 from app.engine.tasks import resolve_task
 from app.engine.tasks.answers import Detected
-from app.engine.warmup import synthetic_jpegs, synthetic_photo
+from app.engine.warmup import synthetic_jpegs, synthetic_photo, warmup_images
 
 __all__ = [
     "GATE_IMAGES",
@@ -75,4 +75,5 @@ __all__ = [
     "synthetic_photo",
     "this_cpu",
     "verdict",
+    "warmup_images",
 ]

@@ -10,7 +10,10 @@ in the original image's pixels.
 - segment: the weights' own ``transforms()`` (the shorter side resized to 520, normalised); a
   batch needs one shape, so the images of each shape are stacked and run together; the
   per-pixel arg-max resized back to the image's size and answered as a PNG, with each class's
-  pixel count.
+  pixel count;
+- an Ultralytics YOLO checkpoint (``PEER_MODEL=*.pt``), as Ultralytics' own LitServe guide
+  shows: ``YOLO(path)`` once, then ``model.predict(list_of_images)`` on the batch's PIL images
+  (Ultralytics letterboxes and batches them itself), boxes above 0.3, at most 100.
 """
 
 from __future__ import annotations
@@ -31,7 +34,7 @@ from benchmarks.peer_apps import classifier
 MODEL = classifier.MODEL
 DETECTORS = ("fasterrcnn_", "retinanet_", "fcos_", "ssd", "maskrcnn_")
 SEGMENTERS = ("deeplabv3_", "fcn_", "lraspp_")
-TASK = ("detect" if MODEL.startswith(DETECTORS)
+TASK = ("yolo" if MODEL.endswith(".pt") else "detect" if MODEL.startswith(DETECTORS)
         else "segment" if MODEL.startswith(SEGMENTERS) else "classify")  # fmt: skip
 MIN_SCORE = 0.3
 MAX_DETECTIONS = 100
@@ -47,17 +50,25 @@ def segment_transform() -> Any:
 SEGMENT_TRANSFORM: Any = segment_transform() if TASK == "segment" else None
 
 
-def build() -> torch.nn.Module:
+def build() -> Any:
     if TASK == "classify":
         return classifier.build()
+    if TASK == "yolo":
+        from ultralytics import YOLO
+
+        return YOLO(MODEL)
     model: Any = torchvision.models.get_model(MODEL, weights=None, weights_backbone=None)
-    return model.eval()  # type: ignore[no-any-return]
+    return model.eval()
 
 
-def decode(data: bytes) -> tuple[torch.Tensor, tuple[int, int]]:
+def decode(data: bytes) -> tuple[Any, tuple[int, int]]:
     """The model's input for one image, and the image's (height, width)."""
     if TASK == "classify":
         return classifier.to_tensor(data), (0, 0)
+    if TASK == "yolo":
+        with Image.open(io.BytesIO(data)) as image:
+            rgb = image.convert("RGB")
+            return rgb, (rgb.height, rgb.width)
     with Image.open(io.BytesIO(data)) as image:
         rgb = image.convert("RGB")
         size = (rgb.height, rgb.width)
@@ -66,9 +77,13 @@ def decode(data: bytes) -> tuple[torch.Tensor, tuple[int, int]]:
         return tensor, size
 
 
-def predict(model: torch.nn.Module, inputs: list[tuple[torch.Tensor, tuple[int, int]]],
+def predict(model: Any, inputs: list[tuple[Any, tuple[int, int]]],
             device: str) -> list[dict[str, Any]]:  # fmt: skip
     """Each image's answer."""
+    if TASK == "yolo":
+        found = model.predict([image for image, _ in inputs], verbose=False, device=device,
+                              conf=MIN_SCORE, max_det=MAX_DETECTIONS)  # fmt: skip
+        return [yolo_detections(result) for result in found]
     tensors = [tensor.to(device) for tensor, _ in inputs]
     if TASK == "classify":
         return classifier.classify(model, torch.stack(tensors))
@@ -105,3 +120,12 @@ def mask(classes: torch.Tensor, size: tuple[int, int]) -> dict[str, Any]:
                      for i, c in zip(indices, counts, strict=True)]  # fmt: skip
     return {"size": list(size), "mask": base64.b64encode(buffer.getvalue()).decode(),
             "classes": classes_found}  # fmt: skip
+
+
+def yolo_detections(result: Any) -> dict[str, Any]:
+    boxes = result.boxes
+    return {"detections": [
+        {"index": int(label), "score": float(score), "box": [float(v) for v in box]}
+        for box, score, label in zip(boxes.xyxy.tolist(), boxes.conf.tolist(),
+                                     boxes.cls.tolist(), strict=True)
+    ]}  # fmt: skip

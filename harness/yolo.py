@@ -1,7 +1,8 @@
-"""The Ultralytics YOLO models the tests serve: built offline from Ultralytics' own model
-YAMLs (nothing downloaded), their weights drawn again from a fixed seed so that scores spread
-(``harness.spread``), saved as Ultralytics checkpoints (``YOLO.save``, what ``yolo train``
-leaves) and exported to TorchScript by Ultralytics' own exporter."""
+"""Ultralytics YOLO models to serve offline (the tests' and the benchmarks'): built from
+Ultralytics' own model YAMLs (nothing downloaded), their weights drawn again from a fixed seed
+so that scores spread (``harness.spread``), saved as Ultralytics checkpoints (``YOLO.save``,
+what ``yolo train`` leaves) and exported to TorchScript by Ultralytics' own exporter. Needs
+the ``yolo`` extra."""
 
 from __future__ import annotations
 
@@ -25,9 +26,10 @@ YAMLS = {
 SIZES = {"classify": 224}
 
 
-def checkpoint(task: str, folder: Path) -> Path:
-    """A YOLO11n checkpoint of ``task`` with spread weights (made once per folder)."""
-    path = folder / f"yolo11n-{task}.pt"
+def checkpoint(task: str, folder: Path, name: str | None = None) -> Path:
+    """A YOLO11n checkpoint of ``task`` with spread weights (made once per folder), saved as
+    ``<name>.pt`` (by default ``yolo11n-<task>.pt``)."""
+    path = folder / f"{name or f'yolo11n-{task}'}.pt"
     if not path.exists():
         from ultralytics import YOLO
 
@@ -57,7 +59,7 @@ def torchscript(task: str, folder: Path) -> Path:
 def _letterboxed(size: int) -> torch.Tensor:
     """The photos, and the server's warm-up images (its start-up check judges on them), in
     ``size`` squares, as a YOLO model takes them (calibration only): scores spread on both."""
-    from app.engine.warmup import warmup_images
+    from app.engine import warmup_images
 
     rows = []
     for data in (*photos()[::2], *warmup_images()):
