@@ -94,10 +94,13 @@ def classified(model: nn.Module, photos: Sequence[bytes], weights: Any) -> torch
 
 
 def yolo_detected(path: str, photos: Sequence[bytes], **predict: Any) -> list[Detected]:
-    """An Ultralytics YOLO file's answers, photo by photo: ``YOLO(path).predict(image)``."""
+    """An Ultralytics YOLO file's answers, photo by photo: ``YOLO(path).predict(image)``
+    (an instance segmenter's masks as run-length, with ``retina_masks=True`` in ``predict``:
+    in the image's own pixels)."""
     import io
 
     from PIL import Image
+    from pycocotools import mask as coco
     from ultralytics import YOLO
 
     model = YOLO(path)
@@ -114,8 +117,14 @@ def yolo_detected(path: str, photos: Sequence[bytes], **predict: Any) -> list[De
             if points.shape[-1] == 2:
                 points = torch.cat([points, torch.ones_like(points[..., :1])], dim=-1)
             keypoints = points.cpu().numpy()
+        masks = None
+        if result.masks is not None:  # [k, h, w]: the image's own pixels with retina_masks
+            binary = result.masks.data.cpu().numpy().astype(np.uint8).transpose(1, 2, 0)
+            masks = [{"size": [int(each["size"][0]), int(each["size"][1])],
+                      "counts": each["counts"].decode("ascii")}
+                     for each in coco.encode(np.asfortranarray(binary))]  # fmt: skip
         answers.append(Detected(boxes.xyxy.cpu().numpy(), boxes.conf.cpu().numpy(),
-                                boxes.cls.cpu().numpy().astype(np.int64), None,
+                                boxes.cls.cpu().numpy().astype(np.int64), masks,
                                 keypoints))  # fmt: skip
     return answers
 

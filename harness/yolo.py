@@ -22,6 +22,7 @@ YAMLS = {
     "pose": "yolo11n-pose.yaml",
     "segment": "yolo11n-seg.yaml",
     "classify": "yolo11n-cls.yaml",
+    "obb": "yolo11n-obb.yaml",
 }
 SIZES = {"classify": 224}
 

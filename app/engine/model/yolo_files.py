@@ -91,12 +91,13 @@ def load_yolo(path: Path, image_size: int | None = None) -> YoloModel:
     shape = (int(keypoints[0]), int(keypoints[1])) if keypoints else None
     if shape is not None and shape[1] not in (2, 3):
         raise YoloFileError(f"{path}: keypoints of shape {shape} (x, y and maybe visibility)")
-    decode = YoloDecode(len(labels), shape)
+    decode = YoloDecode(len(labels), shape, masks=task == "segment")
     module = YoloDetector(YoloGraph(model), decode).eval()
     transform = yolo_transform(size, stride)
     if fixed:
         transform = replace(transform, buckets=((size, size),))
-    return YoloModel(module, "detect", labels, transform, ("keypoints",) if shape else ())
+    instances = ("keypoints",) if shape else ("masks",) if task == "segment" else ()
+    return YoloModel(module, "detect", labels, transform, instances)
 
 
 def _checkpoint(path: Path) -> tuple[nn.Module, dict[str, Any]]:

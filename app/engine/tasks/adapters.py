@@ -198,7 +198,8 @@ def detector_parts(module: nn.Module, canvas: tuple[int, int]) -> DetectorParts 
         box_head = RcnnBoxHead(module.model) if two_stage(module.model) else None
         return DetectorParts(module.graph, module.decoding, graph_outputs(module.model), box_head)
     if isinstance(module, YoloDetector):
-        return DetectorParts(module.graph, module.decoding, ("head",))
+        outputs = ("head", "prototypes") if module.decoding.masks else ("head",)
+        return DetectorParts(module.graph, module.decoding, outputs)
     with torch.inference_mode():
         answered = module(torch.zeros((1, 3, *canvas), device=_device_of(module)))
     if not (isinstance(answered, tuple) and len(answered) == 3):

@@ -89,8 +89,15 @@ def detections(
         order = order[: max_counts[row]]
         chosen = kept[order]
         masks = None
-        if found.masks is not None and (with_masks is None or with_masks[row]):
+        wanted = with_masks is None or with_masks[row]
+        if found.masks is not None and wanted:
             masks = run_lengths(found.masks[row, chosen], row_boxes[order], placements[row])
+        elif found.coefficients is not None and found.prototypes is not None and wanted:
+            binary = prototype_masks(found.coefficients[row, chosen], found.prototypes[row],
+                                     row_boxes[order], placements[row])  # fmt: skip
+            filled = binary.flatten(1).any(dim=1)  # a box whose mask is empty is no box
+            order, chosen = order[filled], chosen[filled]
+            masks = encoded(binary[filled])
         keypoints = None
         if found.keypoints is not None:
             points = found.keypoints[row, chosen].float().clone()
@@ -119,6 +126,54 @@ def run_lengths(
     encoded = coco.encode(np.asfortranarray(binary))
     return [{"size": [int(each["size"][0]), int(each["size"][1])],
              "counts": each["counts"].decode("ascii")} for each in encoded]  # fmt: skip
+
+
+# Boxes whose masks are made at the image's size at once (a few hundred MB at most).
+MASKS_AT_ONCE = 16
+
+
+def prototype_masks(
+    coefficients: torch.Tensor, prototypes: torch.Tensor, boxes: torch.Tensor,
+    placement: Placement,
+) -> torch.Tensor:  # fmt: skip
+    """A YOLO instance segmenter's masks ``bool [k, H, W]`` in the image's pixels, as
+    Ultralytics answers them with ``retina_masks``: each box's logits (its coefficients
+    weighing the prototypes), brought to the input's size, the image's content cut from it
+    where the placement put it (no padding), resized to the image's own size (bilinear each
+    time), kept inside the box (``boxes [k, 4]`` in the image's pixels) and above 0."""
+    count, (height, width) = len(coefficients), (placement.height, placement.width)
+    out = torch.zeros((count, height, width), dtype=torch.bool, device=coefficients.device)
+    if not count:
+        return out
+    channels, proto_height, proto_width = prototypes.shape
+    flat = prototypes.float().reshape(channels, -1)
+    top, left = placement.top, placement.left
+    bottom, right = top + placement.content_height, left + placement.content_width
+    columns = torch.arange(width, device=out.device, dtype=torch.float32)
+    rows = torch.arange(height, device=out.device, dtype=torch.float32)[:, None]
+    for start in range(0, count, MASKS_AT_ONCE):
+        part = slice(start, start + MASKS_AT_ONCE)
+        logits = (coefficients[part].float() @ flat).reshape(1, -1, proto_height, proto_width)
+        canvas = interpolate(logits, size=placement.canvas, mode="bilinear", align_corners=False)
+        content = canvas[:, :, top:bottom, left:right]
+        resized = interpolate(content, size=(height, width), mode="bilinear",
+                              align_corners=False)[0]  # fmt: skip
+        x1, y1, x2, y2 = (each[:, None, None] for each in boxes[part].float().unbind(1))
+        inside = (columns >= x1) & (columns < x2) & (rows >= y1) & (rows < y2)
+        out[part] = (resized > 0) & inside
+    return out
+
+
+def encoded(binary: torch.Tensor) -> list[dict[str, Any]]:
+    """``bool [k, H, W]`` masks as COCO run-length."""
+    from pycocotools import mask as coco
+
+    if not len(binary):
+        return []
+    pixels = binary.permute(1, 2, 0).cpu().numpy().astype(np.uint8)
+    return [{"size": [int(each["size"][0]), int(each["size"][1])],
+             "counts": each["counts"].decode("ascii")}
+            for each in coco.encode(np.asfortranarray(pixels))]  # fmt: skip
 
 
 def masks(logits: torch.Tensor, placements: Sequence[Placement]) -> list[np.ndarray[Any, Any]]:

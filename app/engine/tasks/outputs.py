@@ -26,13 +26,17 @@ class Detections(NamedTuple):
     [N, K, 4]`` (x1, y1, x2, y2 in the input's pixels), ``scores [N, K]``, ``labels [N, K]``;
     an instance segmenter's ``masks [N, K, M, M]`` (each box's mask probabilities, in the box);
     a keypoint detector's ``keypoints [N, K, P, 3]`` (x, y in the input's pixels, and each
-    keypoint's score)."""
+    keypoint's score); a YOLO instance segmenter's mask ``coefficients [N, K, C]`` of each box
+    and each image's ``prototypes [N, C, H/4, W/4]`` over its whole input, whose weighted sum
+    is the box's mask logits."""
 
     boxes: torch.Tensor
     scores: torch.Tensor
     labels: torch.Tensor
     masks: torch.Tensor | None = None
     keypoints: torch.Tensor | None = None
+    coefficients: torch.Tensor | None = None
+    prototypes: torch.Tensor | None = None
 
 
 EXPECTED = {
@@ -99,7 +103,8 @@ def instances_of(output: Any) -> tuple[str, ...]:
     """What a detector gives of each box beside it: ``masks`` (Mask R-CNN), ``keypoints``
     (Keypoint R-CNN)."""
     found = detections(output)
-    return tuple(name for name in ("masks", "keypoints") if getattr(found, name) is not None)
+    masks = found.masks is not None or found.coefficients is not None
+    return ("masks",) * masks + ("keypoints",) * (found.keypoints is not None)
 
 
 def segmentation(output: Any) -> torch.Tensor:

@@ -15,7 +15,7 @@ or std), and the server maps boxes and keypoints back from it.
 from __future__ import annotations
 
 import importlib.util
-from collections.abc import Mapping, Sequence
+from collections.abc import Sequence
 from typing import Any
 
 import torch
@@ -26,7 +26,7 @@ from preprocessing import Fit, TransformConfig
 from preprocessing.transforms import Resampler
 
 # Ultralytics' task names, and what each is served as here.
-SERVED_TASKS = {"detect": "detect", "pose": "detect", "classify": "classify"}
+SERVED_TASKS = {"detect": "detect", "pose": "detect", "segment": "detect", "classify": "classify"}
 PREDICT_IOU = 0.7  # Ultralytics' predict default
 PREDICT_MAX_DET = 300
 # The lowest score decoded: requests choose theirs (?min_score=) above it. Greedy suppression
@@ -65,18 +65,25 @@ def _has_opencv() -> bool:
     return importlib.util.find_spec("cv2") is not None
 
 
-def head_tensor(output: Any) -> torch.Tensor:
-    """The raw head ``[N, 4 + classes + extra, A]`` of what a YOLO model returns: itself (an
-    export), or the first of eager Ultralytics' ``(head, extras)``."""
-    while not isinstance(output, torch.Tensor):
-        if isinstance(output, Mapping) or not isinstance(output, Sequence) or not output:
-            raise ValueError(f"a YOLO model answered {type(output).__name__}, not its head")
+def head_tensors(output: Any) -> tuple[torch.Tensor, ...]:
+    """The raw head ``[N, 4 + classes + extra, A]`` of what a YOLO model returns, and an
+    instance segmenter's prototypes ``[N, C, H/4, W/4]`` after it: an export's ``head`` or
+    ``(head, prototypes)``, or the first of eager Ultralytics' ``(outputs, extras)``."""
+    while isinstance(output, list | tuple) and output and not isinstance(output[0], torch.Tensor):
         output = output[0]
-    return output
+    if isinstance(output, torch.Tensor):
+        return (output,)
+    if not isinstance(output, list | tuple) or not output:
+        raise ValueError(f"a YOLO model answered {type(output).__name__}, not its head")
+    second = output[1] if len(output) > 1 else None
+    if isinstance(second, torch.Tensor) and second.ndim == 4:
+        return (output[0], second)
+    return (output[0],)
 
 
 class YoloGraph(nn.Module):
-    """The network to its raw head: ``[N, 3, S, S]`` to ``[N, 4 + classes + extra, A]``."""
+    """The network to its raw head: ``[N, 3, S, S]`` to ``[N, 4 + classes + extra, A]`` (and
+    an instance segmenter's prototypes)."""
 
     def __init__(self, model: nn.Module) -> None:
         super().__init__()
@@ -88,8 +95,8 @@ class YoloGraph(nn.Module):
             # graph then exports with a free batch and canvas, and threads share no state.
             setattr(head, "dynamic", True)  # noqa: B010 - a plain attribute of theirs
 
-    def forward(self, batch: torch.Tensor) -> torch.Tensor:
-        return head_tensor(self.model(batch))
+    def forward(self, batch: torch.Tensor) -> tuple[torch.Tensor, ...]:
+        return head_tensors(self.model(batch))
 
     @property
     def exportable(self) -> bool:
@@ -108,11 +115,13 @@ class YoloDecode:
         keypoints: tuple[int, int] | None = None,
         iou: float = PREDICT_IOU,
         max_det: int = PREDICT_MAX_DET,
+        masks: bool = False,
     ) -> None:
         self.classes = classes
         self.keypoints = keypoints
         self.iou = iou
         self.max_det = max_det
+        self.masks = masks  # an instance segmenter: mask coefficients after the classes
 
     def __call__(
         self,
@@ -147,7 +156,14 @@ class YoloDecode:
             if points is not None and shape is not None:
                 extra = chosen[rows, 4 + self.classes :]
                 points[row, :found, :, : shape[1]] = extra.reshape(found, *shape)
-        return Detections(padded_boxes, padded_scores, padded_labels, None, points)
+        coefficients = prototypes = None
+        if self.masks:
+            prototypes = outputs[1]
+            coefficients = head.new_zeros((images, count, head.shape[2] - 4 - self.classes))
+            for row, rows in enumerate(per_image):
+                coefficients[row, : len(rows)] = chosen[rows, 4 + self.classes :]
+        return Detections(padded_boxes, padded_scores, padded_labels, None, points,
+                          coefficients, prototypes)  # fmt: skip
 
 
 def corners(xywh: torch.Tensor) -> torch.Tensor:
@@ -170,7 +186,7 @@ class YoloDetector(nn.Module):
     def forward(
         self, batch: torch.Tensor, sizes: Sequence[tuple[int, int]] | None = None
     ) -> Detections:
-        return self.decoding([self.graph(batch)])
+        return self.decoding(list(self.graph(batch)))
 
     @property
     def exportable(self) -> bool:
@@ -186,7 +202,7 @@ class YoloClassifier(nn.Module):
         self.model = model
 
     def forward(self, batch: torch.Tensor) -> torch.Tensor:
-        probabilities = head_tensor(self.model(batch))
+        (probabilities, *_) = head_tensors(self.model(batch))
         return probabilities.clamp_min(torch.finfo(probabilities.dtype).tiny).log()
 
     @property
