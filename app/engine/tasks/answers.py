@@ -115,17 +115,13 @@ def run_lengths(
 ) -> list[dict[str, Any]]:
     """Each box's mask probabilities ``[k, M, M]`` pasted into the image at its box (in the
     image's pixels), binarised at 0.5, as COCO run-length."""
-    from pycocotools import mask as coco
     from torchvision.models.detection.roi_heads import paste_masks_in_image
 
     if not len(masks):
         return []
     pasted = paste_masks_in_image(masks[:, None].float().cpu(), boxes.cpu(),
                                   (placement.height, placement.width))  # fmt: skip
-    binary = (pasted[:, 0] > 0.5).permute(1, 2, 0).numpy().astype(np.uint8)
-    encoded = coco.encode(np.asfortranarray(binary))
-    return [{"size": [int(each["size"][0]), int(each["size"][1])],
-             "counts": each["counts"].decode("ascii")} for each in encoded]  # fmt: skip
+    return encoded(pasted[:, 0] > 0.5)
 
 
 # Boxes whose masks are made at the image's size at once (a few hundred MB at most).

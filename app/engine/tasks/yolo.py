@@ -106,8 +106,9 @@ class YoloGraph(nn.Module):
 
 class YoloDecode:
     """Ultralytics' predict decoding of the raw head, for a batch: ``classes`` class scores
-    after the box, then ``keypoints`` (``(P, 3)``: x, y, visibility; or ``(P, 2)``, answered
-    with a visibility of 1) per anchor where a pose model gives them."""
+    after the box, then per anchor a pose model's ``keypoints`` (``(P, 3)``: x, y,
+    visibility; or ``(P, 2)``, answered with a visibility of 1) or an instance segmenter's
+    mask coefficients (``masks``; its prototypes the graph's second output)."""
 
     def __init__(
         self,
@@ -148,20 +149,20 @@ class YoloDecode:
         points, shape = None, self.keypoints
         if shape is not None:
             points = head.new_ones((images, count, shape[0], 3))
+        coefficients = prototypes = None
+        if self.masks:
+            prototypes = outputs[1]
+            coefficients = head.new_zeros((images, count, head.shape[2] - 4 - self.classes))
         for row, rows in enumerate(per_image):
             found = len(rows)
             padded_boxes[row, :found] = boxes[rows]
             padded_scores[row, :found] = scores[image[rows], anchor[rows]]
             padded_labels[row, :found] = labels[image[rows], anchor[rows]]
+            extra = chosen[rows, 4 + self.classes :]
             if points is not None and shape is not None:
-                extra = chosen[rows, 4 + self.classes :]
                 points[row, :found, :, : shape[1]] = extra.reshape(found, *shape)
-        coefficients = prototypes = None
-        if self.masks:
-            prototypes = outputs[1]
-            coefficients = head.new_zeros((images, count, head.shape[2] - 4 - self.classes))
-            for row, rows in enumerate(per_image):
-                coefficients[row, : len(rows)] = chosen[rows, 4 + self.classes :]
+            if coefficients is not None:
+                coefficients[row, :found] = extra
         return Detections(padded_boxes, padded_scores, padded_labels, None, points,
                           coefficients, prototypes)  # fmt: skip
 
