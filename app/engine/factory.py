@@ -39,6 +39,7 @@ from app.engine.model.store import (
     ensure_box_head,
     ensure_onnx,
     ensure_openvino,
+    exportable,
     input_shape,
     runtime_decode,
     runtime_parts,
@@ -183,8 +184,7 @@ def _engine_for(
         _check_task_support(config, loaded.task, device)
     if config.backend == "auto" and not _exportable(loaded):
         backend = _build_backend(config.with_backend("torch"), loaded, build)
-        reason = ("a TorchScript export: PyTorch alone"
-                  if not getattr(loaded.module, "exportable", True)
+        reason = ("a TorchScript export: PyTorch alone" if not exportable(loaded)
                   else "a list of boxes per image: PyTorch alone")  # fmt: skip
         backend.choice = {"chosen": "torch", "precision": backend.precision,
                           "reason": reason}  # fmt: skip
@@ -255,7 +255,7 @@ def _build_backend(
 def _exportable(loaded: LoadedModel) -> bool:
     """Whether a runtime can serve the model (every one but a detector answering a list of
     boxes per image, and a TorchScript export)."""
-    if not getattr(loaded.module, "exportable", True):
+    if not exportable(loaded):
         return False  # a TorchScript export (of a YOLO model): PyTorch alone runs it
     if loaded.task != "detect":
         return True

@@ -99,8 +99,14 @@ def exported_graph(loaded: LoadedModel) -> tuple[torch.nn.Module, tuple[str, ...
     return parts.graph, parts.outputs
 
 
+def exportable(loaded: LoadedModel) -> bool:
+    """Whether the module can be exported at all (not a TorchScript export, which PyTorch
+    alone runs)."""
+    return bool(getattr(loaded.module, "exportable", True))
+
+
 def _refuse_an_export(loaded: LoadedModel) -> None:
-    if not getattr(loaded.module, "exportable", True):
+    if not exportable(loaded):
         raise StartupError(
             f"{loaded.name} is a TorchScript export, which PyTorch alone runs (BACKEND=torch, "
             f"or auto): serve the checkpoint it was exported from on ONNX Runtime or OpenVINO"
