@@ -59,12 +59,18 @@ BATCHSERVE = [
 BATCHSERVE_TASKS = ["batchserve:", "batchserve unbatched:max_batch_size=1"]
 
 
-# Ultralytics YOLO models by name, built offline (``harness.yolo``): their task.
-YOLO_TASKS = {"yolo11n": "detect", "yolo11n-pose": "pose", "yolo11n-cls": "classify"}
+# Ultralytics YOLO models by name, built offline (``harness.yolo``): their family and task.
+YOLO_MODELS = {
+    "yolo11n": ("yolo11n", "detect"),
+    "yolo11n-seg": ("yolo11n", "segment"),
+    "yolo11n-pose": ("yolo11n", "pose"),
+    "yolo11n-cls": ("yolo11n", "classify"),
+    "yolo26n": ("yolo26n", "detect"),
+}
 
 
 def is_yolo(model: str) -> bool:
-    return model in YOLO_TASKS
+    return model in YOLO_MODELS
 
 
 def peer_python(name: str) -> Path:
@@ -156,7 +162,8 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
     if is_yolo(model):  # a checkpoint of spread weights, as `yolo train` leaves one
         from harness import yolo
 
-        model = str(yolo.checkpoint(YOLO_TASKS.get(model, "detect"), scratch, name=model))
+        family, task = YOLO_MODELS[model]
+        model = str(yolo.checkpoint(task, scratch, name=model, family=family))
     shared = {
         **server_env(model, "fp32", args.batch_size),
         "BATCHSERVE_BACKEND": "auto",
@@ -354,7 +361,7 @@ def batches_text(data: dict[str, Any]) -> str:
 def main() -> None:
     parser = command_line(__doc__, __file__)
     parser.add_argument("--model", default="resnet18",
-                        help="a torchvision architecture, or yolo11n, yolo11n-pose, yolo11n-cls "
+                        help="a torchvision architecture, or one of " + ", ".join(YOLO_MODELS) + " "
                         "(an Ultralytics checkpoint of spread weights, made here)")  # fmt: skip
     parser.add_argument("--batch-size", type=int, default=8)
     load_arguments(parser)

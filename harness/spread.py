@@ -31,6 +31,11 @@ SIGMOID_CONFIDENT = 2e-5
 BOX_SPREAD = 0.1
 # A YOLO box side's logits over its bins: some sides sharp, some spread (boxes of many sizes).
 DISTRIBUTION_SPREAD = 2.0
+# A YOLO head without bins (YOLO26's) answers each side's distance from the anchor point in
+# strides: positive, a few strides, some near and some far.
+DISTANCE_SPREAD = 0.75
+DISTANCE_CENTRE = 3.0
+DISTANCE_FLOOR = 0.25  # the shortest, on the calibration photos: no box turned inside out
 
 
 def spread(
@@ -71,11 +76,12 @@ def spread(
         heads = _heads(model)
         # Twice: a head's input moves when the heads before it (the proposals') are scaled.
         for _ in range(2):
-            for layer, (mean, std, top) in _measured(model, calibrate, heads,
-                                                     sigmoid_confident).items():  # fmt: skip
+            measured = _measured(model, calibrate, heads, sigmoid_confident)
+            for layer, (mean, std, top, bottom) in measured.items():
                 role = heads[layer]
                 target = {"class": class_spread, "sigmoid": SIGMOID_SPREAD, "centre": 1.0,
-                          "box": BOX_SPREAD, "distribution": DISTRIBUTION_SPREAD}[role]  # fmt: skip
+                          "box": BOX_SPREAD, "distribution": DISTRIBUTION_SPREAD,
+                          "distance": DISTANCE_SPREAD}[role]  # fmt: skip
                 # At most a thousand times the target spread left to the bias to cancel: an
                 # output whose mean dwarfs its spread would otherwise be a difference of large
                 # numbers, decided by rounding (and by the kernels a batch size picks).
@@ -84,7 +90,9 @@ def spread(
                 layer.weight.mul_(scale)
                 # Each output centred: no class wins everywhere for features that all share a
                 # positive mean (after a ReLU); a sigmoid's moved so that few are confident.
-                centre = -top * scale if role == "sigmoid" else 0.0
+                centre = {"sigmoid": -top * scale,
+                          "distance": max(DISTANCE_CENTRE, DISTANCE_FLOOR - bottom * scale)
+                          }.get(role, 0.0)  # fmt: skip
                 bias = centre - (mean - (layer.bias if layer.bias is not None else 0)) * scale
                 if layer.bias is None:
                     layer.bias = nn.Parameter(bias, requires_grad=False)
@@ -116,9 +124,10 @@ def _measured(
     calibrate: Callable[[nn.Module], Any],
     heads: dict[Any, str],
     top_share: float,
-) -> dict[Any, tuple[torch.Tensor, float, float]]:
+) -> dict[Any, tuple[torch.Tensor, float, float, float]]:
     """Each head's outputs on the calibration run: their mean per output channel, their
-    standard deviation about it, and the value about it that ``top_share`` of them exceed."""
+    standard deviation about it, the value about it that ``top_share`` of them exceed, and
+    the lowest about it."""
     outputs: dict[Any, list[torch.Tensor]] = {}
 
     def hook(layer: Any, _: Any, output: torch.Tensor) -> None:
@@ -133,7 +142,7 @@ def _measured(
     finally:
         for handle in handles:
             handle.remove()
-    seen: dict[Any, tuple[torch.Tensor, float, float]] = {}
+    seen: dict[Any, tuple[torch.Tensor, float, float, float]] = {}
     for layer, each in outputs.items():
         values = torch.cat(each, dim=1)
         if values.shape[1] > 1:
@@ -141,7 +150,7 @@ def _measured(
             centred = (values - mean[:, None]).flatten()
             rank = max(1, int(len(centred) * (1 - top_share)))
             top = float(centred.kthvalue(min(rank, len(centred))).values)
-            seen[layer] = (mean, float(centred.std()), top)
+            seen[layer] = (mean, float(centred.std()), top, float(centred.min()))
     return seen
 
 
@@ -222,13 +231,16 @@ def _yolo_heads(model: Any) -> dict[Any, str]:
     """An Ultralytics YOLO head's last layers: a classifier's linear layer; a detector's last
     convolution per level of its class scores (``cv3``, a sigmoid), its box distributions
     (``cv2``, a softmax over each side's bins) and its keypoints (``cv4``, offsets from the
-    anchor point)."""
+    anchor point); an end-to-end head's one-to-one copies (``one2one_cv2``…) alike. A head
+    of one bin a side (``reg_max`` 1) answers distances, not distributions."""
     head = model.model[-1]
     found: dict[Any, str] = {}
     if isinstance(getattr(head, "linear", None), nn.Linear):  # a classifier's
         found[head.linear] = "class"
-    for branch, role in (("cv3", "sigmoid"), ("cv2", "distribution"), ("cv4", "box")):
-        for level in getattr(head, branch, ()):
+    sides = "distance" if getattr(head, "reg_max", 16) == 1 else "distribution"
+    for branch, role in (("cv3", "sigmoid"), ("cv2", sides), ("cv4", "box")):
+        for level in (*(getattr(head, branch, None) or ()),
+                      *(getattr(head, f"one2one_{branch}", None) or ())):  # fmt: skip
             last = [each for each in level.modules() if isinstance(each, nn.Conv2d)][-1]
             found[last] = role
     return found

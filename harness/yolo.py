@@ -17,43 +17,42 @@ from PIL import Image
 from harness.photos import photos
 from harness.spread import spread
 
-YAMLS = {
-    "detect": "yolo11n.yaml",
-    "pose": "yolo11n-pose.yaml",
-    "segment": "yolo11n-seg.yaml",
-    "classify": "yolo11n-cls.yaml",
-    "obb": "yolo11n-obb.yaml",
-}
+SUFFIXES = {"detect": "", "pose": "-pose", "segment": "-seg", "classify": "-cls", "obb": "-obb"}
 SIZES = {"classify": 224}
 
 
-def checkpoint(task: str, folder: Path, name: str | None = None) -> Path:
-    """A YOLO11n checkpoint of ``task`` with spread weights (made once per folder), saved as
-    ``<name>.pt`` (by default ``yolo11n-<task>.pt``)."""
-    path = folder / f"{name or f'yolo11n-{task}'}.pt"
+def checkpoint(task: str, folder: Path, name: str | None = None, family: str = "yolo11n") -> Path:
+    """A checkpoint of ``family`` (``yolo11n``, ``yolo26n``…) for ``task`` with spread
+    weights (made once per folder), saved as ``<name>.pt`` (by default
+    ``<family>-<task>.pt``)."""
+    path = folder / f"{name or f'{family}-{task}'}.pt"
     if not path.exists():
         from ultralytics import YOLO
 
-        model = YOLO(YAMLS[task])
+        model = YOLO(f"{family}{SUFFIXES[task]}.yaml")
         batch = _letterboxed(SIZES.get(task, 640))
         spread(model.model, lambda module: module(batch), seed=0, sigmoid_confident=1e-4)
         model.save(str(path))
     return path
 
 
-def torchscript(task: str, folder: Path) -> Path:
-    """The checkpoint exported by Ultralytics to TorchScript (its metadata in ``config.txt``)."""
-    path = checkpoint(task, folder).with_suffix(".torchscript")
+def torchscript(task: str, folder: Path, family: str = "yolo11n", end_to_end: bool = False) -> Path:
+    """The checkpoint exported by Ultralytics to TorchScript (its metadata in ``config.txt``);
+    ``end_to_end``: with its one-to-one head (``nms=False``), which answers without
+    suppression."""
+    source = checkpoint(task, folder, family=family)
+    path = source.with_name(f"{source.stem}{'-e2e' if end_to_end else ''}.torchscript")
     if not path.exists():
         from ultralytics import YOLO
 
         # Tracing warns (deprecated; tensors read as Python values): Ultralytics' exporter.
         with warnings.catch_warnings():
             warnings.simplefilter("ignore")
-            exported = YOLO(str(checkpoint(task, folder))).export(
-                format="torchscript", imgsz=SIZES.get(task, 640), verbose=False
-            )
-        assert Path(exported) == path, exported
+            options = {"nms": False} if end_to_end else {}
+            exported = Path(YOLO(str(source)).export(
+                format="torchscript", imgsz=SIZES.get(task, 640), verbose=False, **options
+            ))  # fmt: skip
+        exported.rename(path)
     return path
 
 

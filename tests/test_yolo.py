@@ -1,6 +1,6 @@
 """Ultralytics YOLO files served as Ultralytics' own ``predict`` answers them.
 
-YOLO11n detection, pose and classification models built offline from Ultralytics' YAMLs with
+YOLO11n (and YOLO26n) detection, pose, segmentation and classification models built offline from Ultralytics' YAMLs with
 spread weights (``harness.yolo``), served from their checkpoint (and the detector from
 its TorchScript export) with one setting, ``MODEL``; real photos of five shapes sent together
 (a checkpoint's each in its own minimum rectangle, as Ultralytics letterboxes a lone photo;
@@ -74,17 +74,24 @@ async def served(path: Path, folder: Path, **overrides: Any) -> tuple[dict[str, 
 
 
 @pytest.mark.parametrize(
-    ("task", "export", "backend"),
-    [("detect", False, "torch"), ("pose", False, "torch"), ("detect", True, "auto"),
-     ("detect", False, "onnxruntime"), ("detect", False, "openvino"),
-     ("pose", False, "onnxruntime"), ("pose", False, "openvino"), ("segment", False, "torch"),
-     ("segment", False, "onnxruntime"), ("segment", False, "openvino")],
+    ("task", "family", "export", "backend"),
+    [("detect", "yolo11n", "", "torch"), ("pose", "yolo11n", "", "torch"),
+     ("detect", "yolo11n", "torchscript", "auto"), ("detect", "yolo11n", "", "onnxruntime"),
+     ("detect", "yolo11n", "", "openvino"), ("pose", "yolo11n", "", "onnxruntime"),
+     ("pose", "yolo11n", "", "openvino"), ("segment", "yolo11n", "", "torch"),
+     ("segment", "yolo11n", "", "onnxruntime"), ("segment", "yolo11n", "", "openvino"),
+     # YOLO26: its checkpoint answers as its predictor's default (one-to-many branch and
+     # suppression); exported with nms=False, its end-to-end head answers ready rows.
+     ("detect", "yolo26n", "", "torch"), ("detect", "yolo26n", "end-to-end", "auto"),
+     ("segment", "yolo26n", "end-to-end", "auto"), ("pose", "yolo26n", "end-to-end", "auto")],
 )  # fmt: skip
 async def test_a_yolo_file_answers_what_ultralytics_answers(
-    task: str, export: bool, backend: str, folder: Path
+    task: str, family: str, export: str, backend: str, folder: Path
 ) -> None:
-    checkpoint = yolo_models.checkpoint(task, folder)
-    path = yolo_models.torchscript(task, folder) if export else checkpoint
+    checkpoint = yolo_models.checkpoint(task, folder, family=family)
+    path = checkpoint
+    if export:
+        path = yolo_models.torchscript(task, folder, family, end_to_end=export == "end-to-end")
     model, bodies = await served(path, folder, backend=backend)
     # A runtime serves the network to its raw head; an export runs on PyTorch alone.
     assert model["backend"]["name"] == ("torch" if backend == "auto" else backend)

@@ -10,6 +10,8 @@ activations, MinMax calibration: the layout its x86 kernels run fastest), with
   The noise each layer adds is found by comparing per-layer outputs of the fp32 model and the
   QDQ model on calibration images (ONNX Runtime's ``qdq_loss_debug``): the drop in
   signal-to-noise ratio from a layer's input to its output.
+
+Every recipe leaves the decoding after the last layers in fp32 (``app.engine.int8.tail``).
 """
 
 from __future__ import annotations
@@ -22,6 +24,7 @@ from typing import Any
 import numpy as np
 
 from app.engine.errors import MissingExtraError
+from app.engine.int8.tail import onnx_tail
 from app.engine.model.export import INPUT_NAME
 
 QUANTIZED_OPS = ("Conv", "Gemm", "MatMul")
@@ -89,7 +92,12 @@ class OnnxQuantizer:
         self._quantize(out, reduce_range=bits == 7, exclude=excluded)
 
     def _quantize(self, out: Path, *, reduce_range: bool, exclude: Sequence[str]) -> None:
+        import onnx
+
         q = _import_quantization()
+        # The decoding after the last layers stays fp32 (``tail``): boxes in pixels and scores
+        # in [0, 1] joined in one tensor would share one scale.
+        tail = onnx_tail(onnx.load(str(self.prepared), load_external_data=False), QUANTIZED_OPS)
         q.quantize_static(
             str(self.prepared),
             str(out),
@@ -100,7 +108,7 @@ class OnnxQuantizer:
             activation_type=q.QuantType.QUInt8,
             weight_type=q.QuantType.QInt8,
             calibrate_method=q.CalibrationMethod.MinMax,
-            nodes_to_exclude=list(exclude),
+            nodes_to_exclude=[*exclude, *tail],
         )
 
     def most_sensitive(self, bits: int) -> list[str]:

@@ -25,6 +25,7 @@ from typing import Any
 import numpy as np
 
 from app.engine.errors import MissingExtraError
+from app.engine.int8.tail import openvino_tail
 from app.engine.model.export import import_openvino
 
 _NAME = re.compile(r"^nncf-w(?P<bits>[78])(?P<control>-accuracy-control)?$")
@@ -80,6 +81,8 @@ class OpenVinoQuantizer:
         )
         model = ov.Core().read_model(str(self.fp32))
         calibration = nncf.Dataset(self.calibration)
+        # The decoding after the last layers stays fp32, as in ONNX Runtime's recipes.
+        ignored = nncf.IgnoredScope(names=openvino_tail(model), validate=False)
         with _quiet():
             if control:
                 expected = list(self.reference())
@@ -96,6 +99,7 @@ class OpenVinoQuantizer:
                     advanced_accuracy_restorer_parameters=AdvancedAccuracyRestorerParameters(
                         ranking_subset_size=ranking
                     ),
+                    ignored_scope=ignored,
                 )
             else:
                 quantized = nncf.quantize(
@@ -103,6 +107,7 @@ class OpenVinoQuantizer:
                     calibration,
                     subset_size=len(self.calibration),
                     advanced_parameters=parameters,
+                    ignored_scope=ignored,
                 )
         ov.save_model(quantized, str(out), compress_to_fp16=False)
 

@@ -91,7 +91,8 @@ def load_yolo(path: Path, image_size: int | None = None) -> YoloModel:
     shape = (int(keypoints[0]), int(keypoints[1])) if keypoints else None
     if shape is not None and shape[1] not in (2, 3):
         raise YoloFileError(f"{path}: keypoints of shape {shape} (x, y and maybe visibility)")
-    decode = YoloDecode(len(labels), shape, masks=task == "segment")
+    decode = YoloDecode(len(labels), shape, masks=task == "segment",
+                        end_to_end=bool(fields.get("end2end")))  # fmt: skip
     module = YoloDetector(YoloGraph(model), decode).eval()
     transform = yolo_transform(size, stride)
     if fixed:
@@ -111,7 +112,12 @@ def _checkpoint(path: Path) -> tuple[nn.Module, dict[str, Any]]:
     from ultralytics.nn.tasks import load_checkpoint
 
     try:
-        model, _ = load_checkpoint(str(path), device="cpu", fuse=True)
+        model, _ = load_checkpoint(str(path), device="cpu")
+        # Its predictor's default (no ``nms=False``): a head with both branches answers by
+        # the one-to-many one and suppression; fused, the other branch is dropped.
+        if getattr(model, "end2end", False):
+            model.end2end = False
+        model = model.fuse(verbose=False).eval()
     except Exception as exc:
         raise YoloFileError(f"{path}: Ultralytics cannot load it ({exc})") from exc
     args = getattr(model, "args", {}) or {}
@@ -122,6 +128,7 @@ def _checkpoint(path: Path) -> tuple[nn.Module, dict[str, Any]]:
         "stride": int(max(model.stride)) if hasattr(model, "stride") else 32,
         "imgsz": args.get("imgsz"),
         "kpt_shape": getattr(head, "kpt_shape", None),
+        "end2end": bool(getattr(model, "end2end", False)),
     }
     return model, fields
 

@@ -34,6 +34,10 @@ PREDICT_MAX_DET = 300
 SCORE_FLOOR = 0.001
 PAD_GREY = 114
 
+# Boxes, scores and labels of the candidate rows, their extra columns (keypoints or mask
+# coefficients), and which rows each image answers, best first.
+_Rows = tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor, list[torch.Tensor]]
+
 
 def ultralytics_model(module: Any) -> bool:
     """Whether ``module`` is an Ultralytics model (``DetectionModel`` and its kin)."""
@@ -108,7 +112,9 @@ class YoloDecode:
     """Ultralytics' predict decoding of the raw head, for a batch: ``classes`` class scores
     after the box, then per anchor a pose model's ``keypoints`` (``(P, 3)``: x, y,
     visibility; or ``(P, 2)``, answered with a visibility of 1) or an instance segmenter's
-    mask coefficients (``masks``; its prototypes the graph's second output)."""
+    mask coefficients (``masks``; its prototypes the graph's second output). An end-to-end
+    head (YOLOv10's and YOLO26's one-to-one branch, where the file selects it) answers its
+    rows ready, without suppression: Ultralytics then only drops those under the score."""
 
     def __init__(
         self,
@@ -117,12 +123,14 @@ class YoloDecode:
         iou: float = PREDICT_IOU,
         max_det: int = PREDICT_MAX_DET,
         masks: bool = False,
+        end_to_end: bool = False,
     ) -> None:
         self.classes = classes
         self.keypoints = keypoints
         self.iou = iou
         self.max_det = max_det
         self.masks = masks  # an instance segmenter: mask coefficients after the classes
+        self.end_to_end = end_to_end  # a head that answers its own top rows (no suppression)
 
     def __call__(
         self,
@@ -130,41 +138,58 @@ class YoloDecode:
         canvas: tuple[int, int] | None = None,
         sizes: Sequence[tuple[int, int]] | None = None,
     ) -> Detections:
-        from torchvision.ops import batched_nms
-
-        head = outputs[0].float().transpose(1, 2)  # [N, A, 4 + classes + extra]
-        images = head.shape[0]
-        scores, labels = head[..., 4 : 4 + self.classes].max(dim=2)
-        image, anchor = (scores > SCORE_FLOOR).nonzero(as_tuple=True)
-        chosen = head[image, anchor]
-        boxes = corners(chosen[:, :4])
-        # One suppression for the whole batch: a group per image and class.
-        group = image * self.classes + labels[image, anchor]
-        kept = batched_nms(boxes, scores[image, anchor], group, self.iou)  # best first
-        per_image = [kept[image[kept] == row][: self.max_det] for row in range(images)]
+        rows = self._ranked(outputs[0]) if self.end_to_end else self._suppressed(outputs[0])
+        boxes, scores, labels, extra, per_image = rows
+        images = len(per_image)
         count = max(1, *(len(each) for each in per_image)) if images else 1
-        padded_boxes = head.new_zeros((images, count, 4))
-        padded_scores = head.new_zeros((images, count))
-        padded_labels = torch.zeros((images, count), dtype=torch.int64, device=head.device)
+        padded_boxes = boxes.new_zeros((images, count, 4))
+        padded_scores = boxes.new_zeros((images, count))
+        padded_labels = torch.zeros((images, count), dtype=torch.int64, device=boxes.device)
         points, shape = None, self.keypoints
         if shape is not None:
-            points = head.new_ones((images, count, shape[0], 3))
+            points = boxes.new_ones((images, count, shape[0], 3))
         coefficients = prototypes = None
         if self.masks:
             prototypes = outputs[1]
-            coefficients = head.new_zeros((images, count, head.shape[2] - 4 - self.classes))
-        for row, rows in enumerate(per_image):
-            found = len(rows)
-            padded_boxes[row, :found] = boxes[rows]
-            padded_scores[row, :found] = scores[image[rows], anchor[rows]]
-            padded_labels[row, :found] = labels[image[rows], anchor[rows]]
-            extra = chosen[rows, 4 + self.classes :]
+            coefficients = boxes.new_zeros((images, count, extra.shape[1]))
+        for row, chosen in enumerate(per_image):
+            found = len(chosen)
+            padded_boxes[row, :found] = boxes[chosen]
+            padded_scores[row, :found] = scores[chosen]
+            padded_labels[row, :found] = labels[chosen]
             if points is not None and shape is not None:
-                points[row, :found, :, : shape[1]] = extra.reshape(found, *shape)
+                points[row, :found, :, : shape[1]] = extra[chosen].reshape(found, *shape)
             if coefficients is not None:
-                coefficients[row, :found] = extra
+                coefficients[row, :found] = extra[chosen]
         return Detections(padded_boxes, padded_scores, padded_labels, None, points,
                           coefficients, prototypes)  # fmt: skip
+
+    def _suppressed(self, output: torch.Tensor) -> _Rows:
+        """The raw head ``[N, 4 + classes + extra, A]``: each anchor's best class, those above
+        the floor, suppressed per image and class, best first."""
+        from torchvision.ops import batched_nms
+
+        head = output.float().transpose(1, 2)  # [N, A, 4 + classes + extra]
+        scores, labels = head[..., 4 : 4 + self.classes].max(dim=2)
+        image, anchor = (scores > SCORE_FLOOR).nonzero(as_tuple=True)
+        chosen = head[image, anchor]
+        boxes, scores, labels = corners(chosen[:, :4]), scores[image, anchor], labels[image, anchor]
+        # One suppression for the whole batch: a group per image and class.
+        kept = batched_nms(boxes, scores, image * self.classes + labels, self.iou)  # best first
+        per_image = [kept[image[kept] == row][: self.max_det] for row in range(head.shape[0])]
+        return boxes, scores, labels, chosen[:, 4 + self.classes :], per_image
+
+    def _ranked(self, output: torch.Tensor) -> _Rows:
+        """An end-to-end head ``[N, K, 6 + extra]``: its rows are the answer, best first, as
+        corners, score and class; those above the floor are taken as they are."""
+        head = output.float()
+        flat = head.reshape(-1, head.shape[2])
+        scores = flat[:, 4]
+        above = (scores > SCORE_FLOOR).reshape(head.shape[:2])
+        starts = torch.arange(head.shape[0], device=head.device) * head.shape[1]
+        per_image = [start + row.nonzero().flatten()[: self.max_det]
+                     for start, row in zip(starts, above, strict=True)]  # fmt: skip
+        return flat[:, :4], scores, flat[:, 5].long(), flat[:, 6:], per_image
 
 
 def corners(xywh: torch.Tensor) -> torch.Tensor:
