@@ -1,10 +1,11 @@
 """Ultralytics YOLO files served as Ultralytics' own ``predict`` answers them.
 
-YOLO11n (and YOLO26n) detection, pose, segmentation and classification models built offline from Ultralytics' YAMLs with
-spread weights (``harness.yolo``), served from their checkpoint (and the detector from
-its TorchScript export) with one setting, ``MODEL``; real photos of five shapes sent together
-(a checkpoint's each in its own minimum rectangle, as Ultralytics letterboxes a lone photo;
-an export's of fixed shapes all in its square) and their answers held to
+YOLO11n (and YOLO26n) detection, pose, segmentation and classification models built offline
+from Ultralytics' YAMLs with spread weights (``harness.yolo``), served from their checkpoint
+(and from TorchScript exports, YOLO26's end-to-end ones among them) with one setting,
+``MODEL``; real photos of five shapes sent together (a checkpoint's each in its own minimum
+rectangle, as Ultralytics letterboxes a lone photo; an export's of fixed shapes all in its
+square) and their answers held to
 ``YOLO(file).predict(photo)`` photo by photo: the recall and precision of its
 confident boxes (IoU >= 0.5, same class), their mean IoU, and the keypoints' distance. A
 decoder that forgot the letterbox's centring would move every box of the non-square photos
