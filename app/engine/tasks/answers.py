@@ -124,10 +124,6 @@ def run_lengths(
     return encoded(pasted[:, 0] > 0.5)
 
 
-# Boxes whose masks are made at the image's size at once (a few hundred MB at most).
-MASKS_AT_ONCE = 16
-
-
 def prototype_masks(
     coefficients: torch.Tensor, prototypes: torch.Tensor, boxes: torch.Tensor,
     placement: Placement,
@@ -136,28 +132,58 @@ def prototype_masks(
     Ultralytics answers them with ``retina_masks``: each box's logits (its coefficients
     weighing the prototypes), brought to the input's size, the image's content cut from it
     where the placement put it (no padding), resized to the image's own size (bilinear each
-    time), kept inside the box (``boxes [k, 4]`` in the image's pixels) and above 0."""
+    time), kept inside the box (``boxes [k, 4]`` in the image's pixels) and above 0.
+
+    Both resizes are linear and separable: one matrix per axis (``_resampling``) takes the
+    prototypes' rows (columns) to the image's, and each mask is computed only inside its box,
+    not over the whole image."""
     count, (height, width) = len(coefficients), (placement.height, placement.width)
     out = torch.zeros((count, height, width), dtype=torch.bool, device=coefficients.device)
     if not count:
         return out
     channels, proto_height, proto_width = prototypes.shape
-    flat = prototypes.float().reshape(channels, -1)
-    top, left = placement.top, placement.left
-    bottom, right = top + placement.content_height, left + placement.content_width
-    columns = torch.arange(width, device=out.device, dtype=torch.float32)
-    rows = torch.arange(height, device=out.device, dtype=torch.float32)[:, None]
-    for start in range(0, count, MASKS_AT_ONCE):
-        part = slice(start, start + MASKS_AT_ONCE)
-        logits = (coefficients[part].float() @ flat).reshape(1, -1, proto_height, proto_width)
-        canvas = interpolate(logits, size=placement.canvas, mode="bilinear", align_corners=False)
-        content = canvas[:, :, top:bottom, left:right]
-        resized = interpolate(content, size=(height, width), mode="bilinear",
-                              align_corners=False)[0]  # fmt: skip
-        x1, y1, x2, y2 = (each[:, None, None] for each in boxes[part].float().unbind(1))
-        inside = (columns >= x1) & (columns < x2) & (rows >= y1) & (rows < y2)
-        out[part] = (resized > 0) & inside
+    canvas_height, canvas_width = placement.canvas
+    rows = _resampling(proto_height, canvas_height, placement.top, placement.content_height,
+                       height, out.device)  # fmt: skip
+    columns = _resampling(proto_width, canvas_width, placement.left, placement.content_width,
+                          width, out.device)  # fmt: skip
+    logits = (coefficients.float() @ prototypes.float().reshape(channels, -1)).reshape(
+        count, proto_height, proto_width
+    )
+    # The pixels inside a box: those whose index i has x1 <= i < x2 (and so for rows).
+    spans = boxes.float().ceil().clamp(min=0).to(torch.int64).tolist()
+    for index, (x1, y1, x2, y2) in enumerate(spans):
+        x2, y2 = min(x2, width), min(y2, height)
+        if x2 > x1 and y2 > y1:
+            inside = rows[y1:y2] @ logits[index] @ columns[x1:x2].T
+            out[index, y1:y2, x1:x2] = inside > 0
     return out
+
+
+def _resampling(
+    source: int, canvas: int, start: int, content: int, target: int, device: torch.device
+) -> torch.Tensor:
+    """``[target, source]``: one axis of the prototypes resized to the input canvas, the
+    content's span cut from it, resized to the image's side (bilinear, without
+    antialiasing, as ``interpolate`` does both)."""
+    to_canvas = _bilinear(source, canvas)[start : start + content]
+    return (_bilinear(content, target) @ to_canvas).to(device, torch.float32)
+
+
+def _bilinear(source: int, target: int) -> torch.Tensor:
+    """``[target, source]``: ``interpolate(..., mode="bilinear", align_corners=False)`` along
+    one axis, as a matrix (each target sample between its two nearest sources)."""
+    place = ((torch.arange(target, dtype=torch.float64) + 0.5) * (source / target) - 0.5).clamp(
+        min=0
+    )
+    lower = place.floor().to(torch.int64).clamp(max=source - 1)
+    upper = (lower + 1).clamp(max=source - 1)
+    weight = place - lower
+    matrix = torch.zeros((target, source), dtype=torch.float64)
+    index = torch.arange(target)
+    matrix.index_put_((index, lower), 1 - weight, accumulate=True)
+    matrix.index_put_((index, upper), weight, accumulate=True)
+    return matrix
 
 
 def encoded(binary: torch.Tensor) -> list[dict[str, Any]]:
