@@ -93,11 +93,14 @@ def detections(
         if found.masks is not None and wanted:
             masks = run_lengths(found.masks[row, chosen], row_boxes[order], placements[row])
         elif found.coefficients is not None and found.prototypes is not None and wanted:
-            binary = prototype_masks(found.coefficients[row, chosen], found.prototypes[row],
-                                     row_boxes[order], placements[row])  # fmt: skip
-            filled = binary.flatten(1).any(dim=1)  # a box whose mask is empty is no box
-            order, chosen = order[filled], chosen[filled]
-            masks = encoded(binary[filled])
+            boxed = prototype_masks(found.coefficients[row, chosen], found.prototypes[row],
+                                    row_boxes[order], placements[row])  # fmt: skip
+            filled = [bool(each.pixels.any()) for each in boxed]  # an empty mask is no box
+            kept_rows = torch.tensor(filled, dtype=torch.bool, device=order.device)
+            order, chosen = order[kept_rows], chosen[kept_rows]
+            size = (placements[row].height, placements[row].width)
+            masks = boxed_run_lengths([each for each, full in zip(boxed, filled, strict=True)
+                                       if full], size)  # fmt: skip
         keypoints = None
         if found.keypoints is not None:
             points = found.keypoints[row, chosen].float().clone()
@@ -124,11 +127,21 @@ def run_lengths(
     return encoded(pasted[:, 0] > 0.5)
 
 
+@dataclass(frozen=True)
+class BoxedMask:
+    """A mask in an image's pixels given by its box's part (``pixels``, ``bool [h, w]``,
+    at ``top``, ``left``): nothing of it lies outside."""
+
+    top: int
+    left: int
+    pixels: torch.Tensor
+
+
 def prototype_masks(
     coefficients: torch.Tensor, prototypes: torch.Tensor, boxes: torch.Tensor,
     placement: Placement,
-) -> torch.Tensor:  # fmt: skip
-    """A YOLO instance segmenter's masks ``bool [k, H, W]`` in the image's pixels, as
+) -> list[BoxedMask]:  # fmt: skip
+    """A YOLO instance segmenter's masks in the image's pixels, as
     Ultralytics answers them with ``retina_masks``: each box's logits (its coefficients
     weighing the prototypes), brought to the input's size, the image's content cut from it
     where the placement put it (no padding), resized to the image's own size (bilinear each
@@ -138,26 +151,26 @@ def prototype_masks(
     prototypes' rows (columns) to the image's, and each mask is computed only inside its box,
     not over the whole image."""
     count, (height, width) = len(coefficients), (placement.height, placement.width)
-    out = torch.zeros((count, height, width), dtype=torch.bool, device=coefficients.device)
     if not count:
-        return out
+        return []
+    device = coefficients.device
     channels, proto_height, proto_width = prototypes.shape
     canvas_height, canvas_width = placement.canvas
     rows = _resampling(proto_height, canvas_height, placement.top, placement.content_height,
-                       height, out.device)  # fmt: skip
+                       height, device)  # fmt: skip
     columns = _resampling(proto_width, canvas_width, placement.left, placement.content_width,
-                          width, out.device)  # fmt: skip
+                          width, device)  # fmt: skip
     logits = (coefficients.float() @ prototypes.float().reshape(channels, -1)).reshape(
         count, proto_height, proto_width
     )
     # The pixels inside a box: those whose index i has x1 <= i < x2 (and so for rows).
     spans = boxes.float().ceil().clamp(min=0).to(torch.int64).tolist()
+    found = []
     for index, (x1, y1, x2, y2) in enumerate(spans):
-        x2, y2 = min(x2, width), min(y2, height)
-        if x2 > x1 and y2 > y1:
-            inside = rows[y1:y2] @ logits[index] @ columns[x1:x2].T
-            out[index, y1:y2, x1:x2] = inside > 0
-    return out
+        x2, y2 = max(min(x2, width), x1), max(min(y2, height), y1)
+        inside = rows[y1:y2] @ logits[index] @ columns[x1:x2].T
+        found.append(BoxedMask(y1, x1, (inside > 0).cpu()))
+    return found
 
 
 def _resampling(
@@ -184,6 +197,43 @@ def _bilinear(source: int, target: int) -> torch.Tensor:
     matrix.index_put_((index, lower), 1 - weight, accumulate=True)
     matrix.index_put_((index, upper), weight, accumulate=True)
     return matrix
+
+
+def boxed_run_lengths(masks: Sequence[BoxedMask], size: tuple[int, int]) -> list[dict[str, Any]]:
+    """Masks given by their boxes' parts as COCO run-length in an image of ``size`` (height,
+    width): counted over the box's columns alone, the columns before and after it runs of
+    zeros, so the whole image is never made."""
+    from pycocotools import mask as coco
+
+    height, width = size
+    uncompressed = [{"size": [height, width], "counts": _counts(each, height, width)}
+                    for each in masks]  # fmt: skip
+    if not uncompressed:
+        return []
+    return [{"size": [int(each["size"][0]), int(each["size"][1])],
+             "counts": each["counts"].decode("ascii")}
+            for each in coco.frPyObjects(uncompressed, height, width)]  # fmt: skip
+
+
+def _counts(mask: BoxedMask, height: int, width: int) -> list[int]:
+    """COCO's uncompressed counts (column by column, zeros first) of one boxed mask."""
+    rows, columns = mask.pixels.shape
+    strip = np.zeros((height, columns), dtype=np.uint8)  # the box's columns, whole
+    strip[mask.top : mask.top + rows] = mask.pixels.numpy()
+    flat = strip.ravel(order="F")
+    changes = np.flatnonzero(flat[1:] != flat[:-1]) + 1
+    counts = np.diff(np.concatenate(([0], changes, [flat.size]))).tolist()
+    if flat.size and flat[0]:
+        counts.insert(0, 0)
+    if not counts:
+        counts = [0]
+    counts[0] += mask.left * height
+    after = (width - mask.left - columns) * height
+    if len(counts) % 2:  # the last run is of zeros
+        counts[-1] += after
+    elif after:
+        counts.append(after)
+    return [int(each) for each in counts]
 
 
 def encoded(binary: torch.Tensor) -> list[dict[str, Any]]:
