@@ -224,6 +224,8 @@ def fit(image: torch.Tensor, config: TransformConfig, placement: Placement) -> t
         return image
     if config.resampler is Resampler.OPENCV and _on_cpu_uint8(image):
         return _opencv_resized(image, placement.content)
+    if config.resampler is Resampler.PILLOW and _on_cpu_uint8(image):
+        return _pillow_resized(image, placement.content, config.interpolation)
     lead = image.shape[:-3]
     batch = image.reshape(-1, *image.shape[-3:])
     resized = _interpolate(batch, placement.content, config.interpolation, config.antialias)
@@ -263,26 +265,26 @@ def resize_crop(image: torch.Tensor, config: TransformConfig) -> torch.Tensor:
     Works on ``uint8[..., 3, H, W]`` on any device and keeps the dtype.
     """
     if config.resampler is Resampler.PILLOW and _on_cpu_uint8(image):
-        return center_crop(_pillow_resized(image, config), config.crop_size)
+        size = resized_size(int(image.shape[-2]), int(image.shape[-1]), config.resize_size)
+        return center_crop(_pillow_resized(image, size, config.interpolation), config.crop_size)
     return center_crop(resize(image, config.resize_size, config.interpolation), config.crop_size)
 
 
-def _pillow_resized(image: torch.Tensor, config: TransformConfig) -> torch.Tensor:
-    """``uint8[3, H, W]`` with its shorter side at ``resize_size``, resized by Pillow (what
-    torchvision's ``Resize`` runs on a PIL image), channels last in memory."""
+def _pillow_resized(
+    image: torch.Tensor, size: tuple[int, int], interpolation: Interpolation
+) -> torch.Tensor:
+    """``uint8[3, H, W]`` resized to ``size`` (height, width) by Pillow (what torchvision's
+    ``Resize`` runs on a PIL image), channels last in memory."""
     from PIL import Image
 
-    source_height, source_width = int(image.shape[-2]), int(image.shape[-1])
-    height, width = resized_size(source_height, source_width, config.resize_size)
-    if (height, width) == (source_height, source_width):
+    if size == (int(image.shape[-2]), int(image.shape[-1])):
         return image
     modes = {Interpolation.NEAREST: Image.Resampling.NEAREST,
              Interpolation.BILINEAR: Image.Resampling.BILINEAR,
              Interpolation.BICUBIC: Image.Resampling.BICUBIC}  # fmt: skip
     picture = Image.fromarray(np.ascontiguousarray(image.permute(1, 2, 0).numpy()))
-    resized = picture.resize(
-        (width, height), modes.get(config.interpolation, Image.Resampling.BILINEAR)
-    )
+    mode = modes.get(interpolation, Image.Resampling.BILINEAR)
+    resized = picture.resize((size[1], size[0]), mode)
     return torch.from_numpy(np.asarray(resized).copy()).permute(2, 0, 1)
 
 

@@ -1,8 +1,11 @@
 """The model and preprocessing every peer serves: a torchvision classifier with random weights
-(as batchserve's throughput benchmarks use) and torchvision's usual ImageNet transforms."""
+(as batchserve's throughput benchmarks use) and torchvision's usual ImageNet transforms; or a
+timm model (``PEER_MODEL=timm:<name>``) as timm documents it: ``create_model``, and
+``create_transform`` of its ``resolve_model_data_config``."""
 
 from __future__ import annotations
 
+import importlib
 import io
 import os
 from typing import Any
@@ -17,19 +20,35 @@ PORT = int(os.environ.get("PEER_PORT", "8000"))
 MAX_BATCH_SIZE = int(os.environ.get("PEER_MAX_BATCH_SIZE", "8"))
 BATCH_TIMEOUT_S = float(os.environ.get("PEER_BATCH_TIMEOUT_S", "0.01"))
 
-TRANSFORM = transforms.Compose(
-    [
-        transforms.Resize(256),
-        transforms.CenterCrop(224),
-        transforms.ToTensor(),
-        transforms.Normalize(mean=[0.485, 0.456, 0.406], std=[0.229, 0.224, 0.225]),
-    ]
-)
+TIMM = MODEL.removeprefix("timm:") if MODEL.startswith("timm:") else None
 
 
 def build() -> torch.nn.Module:
+    if TIMM is not None:
+        timm: Any = importlib.import_module("timm")
+
+        built: torch.nn.Module = timm.create_model(TIMM, pretrained=False)
+        return built.eval()
     model: torch.nn.Module = getattr(torchvision.models, MODEL)(weights=None)
     return model.eval()
+
+
+def transform() -> Any:
+    if TIMM is not None:
+        timm: Any = importlib.import_module("timm")
+
+        return timm.data.create_transform(**timm.data.resolve_model_data_config(build()))
+    return transforms.Compose(
+        [
+            transforms.Resize(256),
+            transforms.CenterCrop(224),
+            transforms.ToTensor(),
+            transforms.Normalize(mean=[0.485, 0.456, 0.406], std=[0.229, 0.224, 0.225]),
+        ]
+    )
+
+
+TRANSFORM = transform()
 
 
 def to_tensor(data: bytes) -> torch.Tensor:

@@ -26,6 +26,8 @@ import torch
 from torch import nn
 
 from app.engine.model.artifacts import weights_digest
+from app.engine.model.timm_models import PREFIX as TIMM_PREFIX
+from app.engine.model.timm_models import TimmModelError, load_timm, timm_name
 from app.engine.model.yolo_files import YoloFileError, load_yolo, yolo_path
 from app.engine.tasks import Task, default_size, own_fit, resolve_task
 from app.engine.tasks.adapters import (
@@ -178,6 +180,8 @@ def load_model(
     """
     if (path := yolo_path(name)) is not None:
         return _load_yolo(path, labels_path, image_size, task, fit)
+    if (architecture := timm_name(name)) is not None:
+        return _load_timm(architecture, weights, labels_path, image_size, task, fit)
     served = resolve_task(task, name)
     labels = read_labels(labels_path) if labels_path is not None else None
     if ":" in name:
@@ -232,6 +236,33 @@ def _load_yolo(
     _count_outputs(yolo.module, transform, str(path), yolo.task)
     return LoadedModel(str(path), yolo.module, str(path), labels, transform, task=yolo.task,
                        instances=yolo.instances)  # fmt: skip
+
+
+def _load_timm(
+    name: str,
+    weights: str,
+    labels_path: Path | None,
+    image_size: int | None,
+    task: str,
+    fit: str,
+) -> LoadedModel:
+    """A timm model: its input timm's own, its class names those timm knows."""
+    served = "classify" if task == "auto" else task
+    if served not in ("classify", "embed"):
+        raise ModelLoadError(f"{TIMM_PREFIX}{name} is served as TASK=classify or embed, not {task}")
+    labels = read_labels(labels_path) if labels_path is not None else None
+    try:
+        model = load_timm(name, weights, served, image_size, labels)
+    except TimmModelError as exc:
+        raise ModelLoadError(str(exc)) from None
+    transform = model.transform
+    if fit not in ("auto", transform.fit):
+        logger.warning("%s%s: FIT=%s replaces timm's own input (%s): its answers will differ "
+                       "from timm's", TIMM_PREFIX, name, fit, transform.fit)  # fmt: skip
+        transform = dataclasses.replace(transform, fit=Fit(fit))
+    outputs, _ = _count_outputs(model.module, transform, TIMM_PREFIX + name, served)
+    return LoadedModel(TIMM_PREFIX + name, model.module, model.weights, model.labels, transform,
+                       task=served, dimensions=outputs if served == "embed" else 0)  # fmt: skip
 
 
 def _task_of(module: nn.Module) -> Task | None:
