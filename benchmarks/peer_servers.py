@@ -266,6 +266,9 @@ def markdown(data: dict[str, Any]) -> str:
         "checkpoint of spread weights built offline from Ultralytics' YAML, the same file "
         "batchserve serves), boxes above 0.3, at most 100"
         if is_yolo(data["model"])
+        else "timm's `create_model` with random weights and `create_transform` of its "
+        "`resolve_model_data_config` on each image, the batch's top 5"
+        if data["model"].startswith("timm:")
         else "eager torchvision model with its own preprocessing (a detector called on the list "
         "of images, a segmenter on the images of each shape stacked)"
     )
