@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 from collections.abc import AsyncIterator, Callable
 from contextlib import asynccontextmanager
 from typing import Any
@@ -70,6 +71,22 @@ async def serve(settings: Settings) -> AsyncIterator[tuple[FastAPI, httpx.AsyncC
         transport = httpx.ASGITransport(app=manager.app)
         async with httpx.AsyncClient(transport=transport, base_url="http://test") as client:
             yield app, client
+
+
+async def served_photos(settings: Settings) -> tuple[dict[str, Any], list[dict[str, Any]]]:
+    """The model ``settings`` serve, described by ``/v1/models``, and its ``/predict`` answers
+    to the test photos (``harness.photos``), sent together."""
+    from harness.photos import photos
+
+    async with serve(settings) as (_, client):
+        (model,) = (await client.get("/v1/models")).json()["models"]
+        responses = await asyncio.gather(*(
+            client.post("/predict", content=photo, headers={"content-type": "image/png"})
+            for photo in photos()
+        ))  # fmt: skip
+    for response in responses:
+        assert response.status_code == 200, response.text
+    return model, [response.json() for response in responses]
 
 
 @pytest.fixture

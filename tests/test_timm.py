@@ -12,7 +12,6 @@ bicubic with a 0.95 crop (ConvNeXt, ViT), bilinear (ResNet), squashed to the squ
 
 from __future__ import annotations
 
-import asyncio
 from pathlib import Path
 from typing import Any
 
@@ -23,7 +22,7 @@ from app.engine.model.loading import ModelLoadError, load_model
 from app.engine.model.timm_models import TimmModelError, timm_transform
 from harness import timm_models
 from harness.photos import photos
-from tests.conftest import make_settings, serve
+from tests.conftest import make_settings, served_photos
 
 pytest.importorskip("timm")
 
@@ -46,18 +45,6 @@ def settings_for(name: str, folder: Path, **overrides: Any) -> Any:
     )  # fmt: skip
 
 
-async def served(settings: Any) -> tuple[dict[str, Any], list[dict[str, Any]]]:
-    async with serve(settings) as (_, client):
-        (model,) = (await client.get("/v1/models")).json()["models"]
-        responses = await asyncio.gather(*(
-            client.post("/predict", content=photo, headers={"content-type": "image/png"})
-            for photo in photos()
-        ))  # fmt: skip
-    for response in responses:
-        assert response.status_code == 200, response.text
-    return model, [response.json() for response in responses]
-
-
 @pytest.mark.parametrize(
     ("name", "backend"),
     [("test_convnext.r160_in1k", "torch"), ("test_convnext.r160_in1k", "onnxruntime"),
@@ -68,7 +55,7 @@ async def served(settings: Any) -> tuple[dict[str, Any], list[dict[str, Any]]]:
 async def test_a_timm_classifier_answers_what_timm_answers(
     name: str, backend: str, folder: Path
 ) -> None:
-    model, bodies = await served(settings_for(name, folder, backend=backend, top_k=5))
+    model, bodies = await served_photos(settings_for(name, folder, backend=backend, top_k=5))
     assert model["backend"]["name"] == backend
     assert model["task"] == "classify"
     expected = timm_models.classified(name, timm_models.checkpoint(name, folder), photos())
@@ -91,7 +78,7 @@ async def test_a_timm_classifier_answers_what_timm_answers(
 @pytest.mark.parametrize("backend", ["torch", "openvino"])
 async def test_a_timm_encoder_answers_its_pre_logits_features(backend: str, folder: Path) -> None:
     name = "test_convnext.r160_in1k"
-    _, bodies = await served(settings_for(name, folder, backend=backend, task="embed",
+    _, bodies = await served_photos(settings_for(name, folder, backend=backend, task="embed",
                                           embed_normalize=False))  # fmt: skip
     expected = timm_models.embedded(name, timm_models.checkpoint(name, folder), photos())
     for body, vector in zip(bodies, expected, strict=True):

@@ -14,7 +14,6 @@ by half their padding and fail.
 
 from __future__ import annotations
 
-import asyncio
 import warnings
 from dataclasses import replace
 from pathlib import Path
@@ -30,7 +29,7 @@ from app.engine.model.loading import ModelLoadError, load_model
 from harness import reference
 from harness import yolo as yolo_models
 from harness.photos import photos
-from tests.conftest import make_settings, serve
+from tests.conftest import make_settings, serve, served_photos
 from tests.test_fidelity import served_answer
 
 pytest.importorskip("ultralytics")
@@ -62,18 +61,6 @@ def settings_for(path: Path, folder: Path, **overrides: Any) -> Any:
     )  # fmt: skip
 
 
-async def served(path: Path, folder: Path, **overrides: Any) -> tuple[dict[str, Any], list[Any]]:
-    async with serve(settings_for(path, folder, **overrides)) as (_, client):
-        (model,) = (await client.get("/v1/models")).json()["models"]
-        responses = await asyncio.gather(*(
-            client.post("/predict", content=photo, headers={"content-type": "image/png"})
-            for photo in photos()
-        ))  # fmt: skip
-    for response in responses:
-        assert response.status_code == 200, response.text
-    return model, [response.json() for response in responses]
-
-
 @pytest.mark.parametrize(
     ("task", "family", "export", "backend"),
     [("detect", "yolo11n", "", "torch"), ("pose", "yolo11n", "", "torch"),
@@ -93,7 +80,7 @@ async def test_a_yolo_file_answers_what_ultralytics_answers(
     path = checkpoint
     if export:
         path = yolo_models.torchscript(task, folder, family, end_to_end=export == "end-to-end")
-    model, bodies = await served(path, folder, backend=backend)
+    model, bodies = await served_photos(settings_for(path, folder, backend=backend))
     # A runtime serves the network to its raw head; an export runs on PyTorch alone.
     assert model["backend"]["name"] == ("torch" if backend == "auto" else backend)
     assert model["task"] == "detect"
@@ -122,7 +109,7 @@ async def test_a_yolo_file_answers_what_ultralytics_answers(
 
 async def test_a_yolo_classifier_answers_ultralytics_probabilities(folder: Path) -> None:
     path = yolo_models.checkpoint("classify", folder)
-    model, bodies = await served(path, folder, top_k=5)
+    model, bodies = await served_photos(settings_for(path, folder, top_k=5))
     assert model["task"] == "classify"
     expected = reference.yolo_classified(str(path), photos())
     for body, probabilities in zip(bodies, expected, strict=True):
