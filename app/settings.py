@@ -177,6 +177,10 @@ class Settings(BaseSettings, ModelKeys):
         model = first_try().model if self.model == FIRST_TRY else self.model
         if ":" not in model and PurePath(model).suffix in (".pt", ".torchscript"):
             return PurePath(model).stem  # a YOLO file: best.pt serves as "best"
+        if model.startswith("hf:"):
+            return PurePath(model.removeprefix("hf:")).name  # hf:facebook/detr-resnet-50
+        if ":" not in model and Path(model).is_dir():
+            return Path(model).resolve().name  # a directory save_pretrained wrote
         return model.rpartition(":")[2] or model
 
     def for_model(self, values: dict[str, Any], name: str | None = None) -> ModelConfig:

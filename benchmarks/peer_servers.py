@@ -73,6 +73,16 @@ def is_yolo(model: str) -> bool:
     return model in YOLO_MODELS
 
 
+# Hugging Face transformers models by name, built offline with random weights
+# (``harness.hf_models``, transformers' default configurations): their family there.
+HF_MODELS = {"vit-b16": "vit_b16", "rt-detr-r50": "rt_detr_r50"}
+
+
+def made_here(model: str) -> bool:
+    """Whether the benchmark builds ``model`` itself (not a torchvision architecture)."""
+    return is_yolo(model) or model in HF_MODELS
+
+
 def peer_python(name: str) -> Path:
     """The peer's environment, made when missing."""
     venv = PEERS_DIR / name
@@ -164,6 +174,10 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
 
         family, task = YOLO_MODELS[model]
         model = str(yolo.checkpoint(task, scratch, name=model, family=family))
+    elif model in HF_MODELS:  # a directory as save_pretrained writes one
+        from harness import hf_models
+
+        model = "hf:" + str(hf_models.saved(HF_MODELS[model], scratch))
     shared = {
         **server_env(model, "fp32", args.batch_size),
         "BATCHSERVE_BACKEND": "auto",
@@ -177,7 +191,7 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
         peer_python(name)
     samples: dict[str, list[dict[str, Any]]] = {}
     with stack:
-        if not is_yolo(args.model) and resolve_task("auto", args.model) == "classify":
+        if not made_here(args.model) and resolve_task("auto", args.model) == "classify":
             prepare_artifacts(args.model, args.batch_size, ours)
         # One start each before the rounds: BACKEND=auto and SHARDS=auto measure once and
         # keep their choice, which every round serves.
@@ -269,6 +283,10 @@ def markdown(data: dict[str, Any]) -> str:
         else "timm's `create_model` with random weights and `create_transform` of its "
         "`resolve_model_data_config` on each image, the batch's top 5"
         if data["model"].startswith("timm:")
+        else "transformers' `AutoImageProcessor` on the batch's images and the model (random "
+        "weights, the library's default configuration, the same directory batchserve serves), "
+        "the top 5, or boxes of the processor's `post_process_object_detection` above 0.3"
+        if data["model"] in HF_MODELS
         else "eager torchvision model with its own preprocessing (a detector called on the list "
         "of images, a segmenter on the images of each shape stacked)"
     )
@@ -365,7 +383,8 @@ def main() -> None:
     parser = command_line(__doc__, __file__)
     parser.add_argument("--model", default="resnet18",
                         help="a torchvision architecture, or one of " + ", ".join(YOLO_MODELS) + " "
-                        "(an Ultralytics checkpoint of spread weights, made here)")  # fmt: skip
+                        "(an Ultralytics checkpoint of spread weights, made here) or "
+                        + ", ".join(HF_MODELS) + " (transformers, random weights)")  # fmt: skip
     parser.add_argument("--batch-size", type=int, default=8)
     load_arguments(parser)
     parser.add_argument("--configs", nargs="*",
@@ -379,7 +398,8 @@ def main() -> None:
     args = parser.parse_args()
     wrk.require()
     if args.configs is None:
-        classify = not is_yolo(args.model) and resolve_task("auto", args.model) == "classify"
+        # A model made here is served by default and unbatched, as a detector is.
+        classify = not made_here(args.model) and resolve_task("auto", args.model) == "classify"
         args.configs = BATCHSERVE if classify else BATCHSERVE_TASKS
     data = run(args)
     suffix = "-one-shape" if args.shapes == "one" else ""

@@ -19,6 +19,10 @@ The rules, each as its library computes it:
 - ``min-max``: a torchvision detector's ``GeneralizedRCNNTransform``: scaled by
   ``min(min_size / short, max_size / long)``, each side ``floor(side * scale)``, padded at the
   bottom and right to a multiple of ``size_divisible``.
+- ``shortest-longest``: a Hugging Face image processor's ``{"shortest_edge", "longest_edge"}``
+  (DETR and its kin): the shorter side to ``resize_size`` unless the longer would pass
+  ``max_size``, then the shorter side ``round(max_size * short / long)``; the longer side
+  truncated, as ``get_size_with_aspect_ratio`` computes it.
 - ``stretch``: to a fixed ``crop_size`` square, the aspect ratio not kept (SSD, SSDlite).
 - ``letterbox``: the longer side to ``crop_size``, the shorter rounded, placed at the top left
   of the ``crop_size`` square (for a model trained that way: one of one's own).
@@ -49,6 +53,7 @@ class Fit(enum.StrEnum):
     CENTER_CROP = "center-crop"
     SHORTER_SIDE = "shorter-side"
     MIN_MAX = "min-max"
+    SHORTEST_LONGEST = "shortest-longest"
     STRETCH = "stretch"
     LETTERBOX = "letterbox"
     CENTERED_LETTERBOX = "centered-letterbox"
@@ -111,6 +116,24 @@ def min_max_size(height: int, width: int, min_size: int, max_size: int | None) -
     return math.floor(height * scale), math.floor(width * scale)
 
 
+def shortest_longest_size(
+    height: int, width: int, shortest: int, longest: int | None
+) -> tuple[int, int]:
+    """Hugging Face's ``get_size_with_aspect_ratio``: the shorter side to ``shortest`` unless
+    the longer would pass ``longest`` (then to ``round(longest * short / long)``), the longer
+    side scaled from the unrounded shorter one and truncated."""
+    short, long = min(height, width), max(height, width)
+    exact = float(shortest)
+    if longest is not None and long / short * shortest > longest:
+        exact = longest * short / long
+        shortest = round(exact)
+    if short == shortest:
+        return height, width
+    if width < height:
+        return int(exact * height / width), shortest
+    return shortest, int(exact * width / height)
+
+
 def letterbox_size(height: int, width: int, size: int) -> tuple[int, int]:
     """A ``height`` x ``width`` image fitted into a ``size`` square, its aspect ratio kept:
     its longer side becomes ``size``, the shorter one is rounded (at least 1)."""
@@ -163,6 +186,9 @@ def place(
                          canvas_height, top, left)  # fmt: skip
     if fit is Fit.MIN_MAX:
         content_height, content_width = min_max_size(height, width, resize_size, max_size)
+    elif fit is Fit.SHORTEST_LONGEST:
+        content_height, content_width = shortest_longest_size(height, width, resize_size,
+                                                              max_size)  # fmt: skip
     else:
         content_height, content_width = resized_size(height, width, resize_size)
         short, long = sorted((content_height, content_width))

@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import enum
 import functools
+import math
 from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -45,11 +46,14 @@ class Interpolation(enum.StrEnum):
 
 class Resampler(enum.StrEnum):
     """Who resizes a whole image's uint8 pixels on the CPU: torch (torchvision's tensor
-    arithmetic), OpenCV's ``cv2.resize`` (Ultralytics' letterbox), or Pillow (torchvision's
-    transforms on a PIL image: Ultralytics' classifiers). Each library rounds otherwise, a grey
-    level here and there, which a model of sensitive weights can answer."""
+    arithmetic, in float as ``transforms.functional.resize`` does), torchvision's
+    ``transforms.v2`` (torch's own uint8 kernels where it picks them: Hugging Face's image
+    processors), OpenCV's ``cv2.resize`` (Ultralytics' letterbox), or Pillow (torchvision's
+    transforms on a PIL image: timm, Ultralytics' classifiers). Each library rounds otherwise,
+    a grey level here and there, which a model of sensitive weights can answer."""
 
     TORCH = "torch"
+    TORCHVISION = "torchvision"
     OPENCV = "opencv"
     PILLOW = "pillow"
 
@@ -62,7 +66,9 @@ class TransformConfig:
     ``float_resize``: on the float image rather than the uint8 one, as torchvision's detection
     transform does) and normalised (``mean``, ``std``); a canvas is padded with ``fill`` (in
     normalised units: 0, as torchvision pads). ``resampler``: who resizes an image's uint8 pixels
-    on the CPU: torch, or the library a model's own pipeline resizes with (``Resampler``)."""
+    on the CPU: torch, or the library a model's own pipeline resizes with (``Resampler``);
+    ``crop_floor``: the centre crop's offsets floored (Hugging Face's image processors), not
+    rounded (torchvision's)."""
 
     crop_size: int = 224
     resize_size: int = 256
@@ -77,6 +83,7 @@ class TransformConfig:
     fill: float = 0.0
     buckets: tuple[tuple[int, int], ...] = ()
     resampler: Resampler = Resampler.TORCH
+    crop_floor: bool = False
 
     def __post_init__(self) -> None:
         if self.crop_size < 1 or self.resize_size < 1:
@@ -190,12 +197,14 @@ def _separable(batch: torch.Tensor, size: tuple[int, int], options: dict[str, An
     return interpolate(across, **options)
 
 
-def center_crop(image: torch.Tensor, size: int) -> torch.Tensor:
-    """The centre ``size`` square of ``[..., H, W]`` (the image must be at least that big)."""
+def center_crop(image: torch.Tensor, size: int, floor: bool = False) -> torch.Tensor:
+    """The centre ``size`` square of ``[..., H, W]`` (the image must be at least that big),
+    its offsets rounded as torchvision's ``CenterCrop`` does, or ``floor``ed."""
     height, width = image.shape[-2:]
     if height < size or width < size:
         raise ValueError(f"a {width}x{height} image has no {size}x{size} centre")
-    top, left = round((height - size) / 2), round((width - size) / 2)
+    offset = math.floor if floor else round
+    top, left = offset((height - size) / 2), offset((width - size) / 2)
     return image[..., top : top + size, left : left + size]
 
 
@@ -226,6 +235,8 @@ def fit(image: torch.Tensor, config: TransformConfig, placement: Placement) -> t
         return _opencv_resized(image, placement.content)
     if config.resampler is Resampler.PILLOW and _on_cpu_uint8(image):
         return _pillow_resized(image, placement.content, config.interpolation)
+    if config.resampler is Resampler.TORCHVISION:
+        return _torchvision_resized(image, placement.content, config.interpolation)
     lead = image.shape[:-3]
     batch = image.reshape(-1, *image.shape[-3:])
     resized = _interpolate(batch, placement.content, config.interpolation, config.antialias)
@@ -264,10 +275,32 @@ def resize_crop(image: torch.Tensor, config: TransformConfig) -> torch.Tensor:
 
     Works on ``uint8[..., 3, H, W]`` on any device and keeps the dtype.
     """
+    floor = config.crop_floor
+    size = resized_size(int(image.shape[-2]), int(image.shape[-1]), config.resize_size)
     if config.resampler is Resampler.PILLOW and _on_cpu_uint8(image):
-        size = resized_size(int(image.shape[-2]), int(image.shape[-1]), config.resize_size)
-        return center_crop(_pillow_resized(image, size, config.interpolation), config.crop_size)
-    return center_crop(resize(image, config.resize_size, config.interpolation), config.crop_size)
+        return center_crop(_pillow_resized(image, size, config.interpolation), config.crop_size,
+                           floor)  # fmt: skip
+    if config.resampler is Resampler.TORCHVISION:
+        resized = _torchvision_resized(image, size, config.interpolation)
+        return center_crop(resized, config.crop_size, floor)
+    return center_crop(resize(image, config.resize_size, config.interpolation), config.crop_size,
+                       floor)  # fmt: skip
+
+
+def _torchvision_resized(
+    image: torch.Tensor, size: tuple[int, int], interpolation: Interpolation
+) -> torch.Tensor:
+    """``[..., 3, H, W]`` resized to ``size`` by ``torchvision.transforms.v2.functional``
+    (antialiased), which resizes uint8 on the CPU with torch's own uint8 kernels where it
+    trusts them and in float elsewhere."""
+    from torchvision.transforms.v2 import InterpolationMode
+    from torchvision.transforms.v2.functional import resize as v2_resize
+
+    if size == (int(image.shape[-2]), int(image.shape[-1])):
+        return image
+    resized: torch.Tensor = v2_resize(image, list(size), InterpolationMode(interpolation.value),
+                                      antialias=True)  # fmt: skip
+    return resized
 
 
 def _pillow_resized(

@@ -73,15 +73,17 @@ async def serve(settings: Settings) -> AsyncIterator[tuple[FastAPI, httpx.AsyncC
             yield app, client
 
 
-async def served_photos(settings: Settings) -> tuple[dict[str, Any], list[dict[str, Any]]]:
+async def served_photos(
+    settings: Settings, query: str = ""
+) -> tuple[dict[str, Any], list[dict[str, Any]]]:
     """The model ``settings`` serve, described by ``/v1/models``, and its ``/predict`` answers
-    to the test photos (``harness.photos``), sent together."""
+    to the test photos (``harness.photos``), sent together (with ``query``)."""
     from harness.photos import photos
 
     async with serve(settings) as (_, client):
         (model,) = (await client.get("/v1/models")).json()["models"]
         responses = await asyncio.gather(*(
-            client.post("/predict", content=photo, headers={"content-type": "image/png"})
+            client.post(f"/predict{query}", content=photo, headers={"content-type": "image/png"})
             for photo in photos()
         ))  # fmt: skip
     for response in responses:

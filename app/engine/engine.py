@@ -100,6 +100,7 @@ class InferenceEngine:
         self.instances = loaded.instances
         # The server's non-maximum suppression for a detector that runs none (None: none).
         self.nms_iou = nms_iou
+        self.clips_boxes = loaded.clips_boxes
         self.embed_normalize = embed_normalize
         self.weights = loaded.weights
         self.labels = loaded.labels
@@ -389,7 +390,7 @@ class InferenceEngine:
             return "detected", answers.detections(
                 outputs.detections(output), placements,
                 [each.min_score for each in wanted], [each.max_detections for each in wanted],
-                self.nms_iou, [each.masks for each in wanted],
+                self.nms_iou, [each.masks for each in wanted], clip=self.clips_boxes,
             )  # fmt: skip
         if self.task == "segment":
             return "mask", answers.masks(outputs.segmentation(output)[:count],

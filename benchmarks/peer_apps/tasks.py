@@ -13,7 +13,10 @@ in the original image's pixels.
   pixel count;
 - an Ultralytics YOLO checkpoint (``PEER_MODEL=*.pt``), as Ultralytics' own LitServe guide
   shows: ``YOLO(path)`` once, then ``model.predict(list_of_images)`` on the batch's PIL images
-  (Ultralytics letterboxes and batches them itself), boxes above 0.3, at most 100.
+  (Ultralytics letterboxes and batches them itself), boxes above 0.3, at most 100;
+- a Hugging Face transformers model (``PEER_MODEL=hf:<directory>``), as transformers documents
+  it: ``AutoImageProcessor`` on the batch's PIL images, the model, and (a detector) the
+  processor's ``post_process_object_detection(outputs, threshold, target_sizes)``.
 """
 
 from __future__ import annotations
@@ -34,7 +37,19 @@ from benchmarks.peer_apps import classifier
 MODEL = classifier.MODEL
 DETECTORS = ("fasterrcnn_", "retinanet_", "fcos_", "ssd", "maskrcnn_")
 SEGMENTERS = ("deeplabv3_", "fcn_", "lraspp_")
-TASK = ("yolo" if MODEL.endswith(".pt") else "detect" if MODEL.startswith(DETECTORS)
+
+
+def _hf_task() -> str:
+    import json
+    from pathlib import Path
+
+    config = json.loads((Path(MODEL.removeprefix("hf:")) / "config.json").read_text())
+    detector = config["architectures"][0].endswith("ForObjectDetection")
+    return "hf-detect" if detector else "hf-classify"
+
+
+TASK = (_hf_task() if MODEL.startswith("hf:") else "yolo" if MODEL.endswith(".pt")
+        else "detect" if MODEL.startswith(DETECTORS)
         else "segment" if MODEL.startswith(SEGMENTERS) else "classify")  # fmt: skip
 MIN_SCORE = 0.3
 MAX_DETECTIONS = 100
@@ -51,8 +66,12 @@ SEGMENT_TRANSFORM: Any = segment_transform() if TASK == "segment" else None
 
 
 def build() -> Any:
-    if TASK == "classify":
+    if TASK in ("classify", "hf-classify"):
         return classifier.build()
+    if TASK == "hf-detect":
+        from transformers import AutoModelForObjectDetection
+
+        return AutoModelForObjectDetection.from_pretrained(MODEL.removeprefix("hf:")).eval()
     if TASK == "yolo":
         from ultralytics import YOLO
 
@@ -63,9 +82,9 @@ def build() -> Any:
 
 def decode(data: bytes) -> tuple[Any, tuple[int, int]]:
     """The model's input for one image, and the image's (height, width)."""
-    if TASK == "classify":
+    if TASK in ("classify", "hf-classify"):
         return classifier.to_tensor(data), (0, 0)
-    if TASK == "yolo":
+    if TASK in ("yolo", "hf-detect"):
         with Image.open(io.BytesIO(data)) as image:
             rgb = image.convert("RGB")
             return rgb, (rgb.height, rgb.width)
@@ -86,6 +105,8 @@ def predict(model: Any, inputs: list[tuple[Any, tuple[int, int]]],
                               conf=MIN_SCORE, max_det=MAX_DETECTIONS,
                               retina_masks=True)  # fmt: skip
         return [yolo_detections(result) for result in found]
+    if TASK.startswith("hf-"):
+        return hf_predict(model, inputs, device)
     tensors = [tensor.to(device) for tensor, _ in inputs]
     if TASK == "classify":
         return classifier.classify(model, torch.stack(tensors))
@@ -102,6 +123,30 @@ def predict(model: Any, inputs: list[tuple[Any, tuple[int, int]]],
             for index, row in zip(indices, classes, strict=True):
                 answers[index] = mask(row, inputs[index][1])
     return [answers[index] for index in range(len(tensors))]
+
+
+def hf_predict(model: Any, inputs: list[tuple[Any, tuple[int, int]]],
+               device: str) -> list[dict[str, Any]]:  # fmt: skip
+    """The processor on the batch's images, the model, and its post-processing."""
+    processor = classifier.TRANSFORM if TASK == "hf-classify" else HF_PROCESSOR
+    batch = processor(images=[image for image, _ in inputs], return_tensors="pt").to(device)
+    if TASK == "hf-classify":
+        return classifier.classify(model, batch["pixel_values"])
+    with torch.inference_mode():
+        outputs = model(**batch)
+    found = HF_PROCESSOR.post_process_object_detection(
+        outputs, threshold=MIN_SCORE, target_sizes=[size for _, size in inputs]
+    )
+    return [detections(each) for each in found]
+
+
+def _hf_processor() -> Any:
+    from transformers import AutoImageProcessor
+
+    return AutoImageProcessor.from_pretrained(MODEL.removeprefix("hf:"))
+
+
+HF_PROCESSOR: Any = _hf_processor() if TASK == "hf-detect" else None
 
 
 def detections(found: dict[str, torch.Tensor]) -> dict[str, Any]:

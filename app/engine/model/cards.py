@@ -117,6 +117,7 @@ class ModelCard(BaseModel):
     task: str = "classify"
     dimensions: int = 0
     instances: list[str] = []
+    clips_boxes: bool = True
 
 
 class StaleCardError(ModelLoadError):
@@ -131,7 +132,7 @@ def keep_card(path: Path, loaded: LoadedModel, digest: str, checkpoint: Path | N
         "labels": list(loaded.labels),
         "transform": loaded.transform.as_dict(),
         "task": loaded.task, "dimensions": loaded.dimensions,
-        "instances": list(loaded.instances),
+        "instances": list(loaded.instances), "clips_boxes": loaded.clips_boxes,
         "checkpoint_sha256": file_sha256(checkpoint) if checkpoint is not None else None,
     })  # fmt: skip
 
@@ -174,7 +175,8 @@ def from_card(
     return LoadedModel(name, None, weights, tuple(card.labels), transform, build=checked_build,
                        digest=digest, content=content, task=card.task,
                        dimensions=card.dimensions,
-                       instances=tuple(card.instances))  # fmt: skip
+                       instances=tuple(card.instances),
+                       clips_boxes=card.clips_boxes)  # fmt: skip
 
 
 def load_described(

@@ -23,7 +23,7 @@ from typing import Any
 import torch
 from torch import nn
 
-from app.engine.errors import MissingExtraError
+from app.engine.errors import MissingExtraError, StartupError
 
 logger = logging.getLogger("batchserve")
 
@@ -109,6 +109,25 @@ def export_graph(
     if program is None:
         raise RuntimeError("the ONNX exporter returned no program")
     program.save(str(path))
+    _require_dynamic_batch(path, inputs[0], 0 in dynamic_shapes[0])
+
+
+def _require_dynamic_batch(path: Path, name: str, wanted: bool) -> None:
+    """A graph whose batch axis the exporter fixed (it fell back to tracing a model whose
+    code it cannot export whole: RT-DETR's anchors, for one) serves no other batch: refused
+    here, with one line, rather than failing on the first batch of another size."""
+    if not wanted:
+        return
+    import onnx
+
+    graph = onnx.load(str(path), load_external_data=False).graph
+    (first,) = [each for each in graph.input if each.name == name]
+    batch = first.type.tensor_type.shape.dim[0]
+    if not batch.dim_param:
+        raise StartupError(
+            f"its graph exports to ONNX only with a fixed batch of {batch.dim_value}: a "
+            f"runtime cannot serve it (BACKEND=torch does)"
+        )
 
 
 @contextlib.contextmanager

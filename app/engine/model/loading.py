@@ -26,6 +26,7 @@ import torch
 from torch import nn
 
 from app.engine.model.artifacts import weights_digest
+from app.engine.model.hf_models import HfModelError, hf_source, load_hf
 from app.engine.model.timm_models import PREFIX as TIMM_PREFIX
 from app.engine.model.timm_models import TimmModelError, load_timm, timm_name
 from app.engine.model.yolo_files import YoloFileError, load_yolo, yolo_path
@@ -113,6 +114,7 @@ class LoadedModel:
         task: str = "classify",
         dimensions: int = 0,
         instances: tuple[str, ...] = (),
+        clips_boxes: bool = True,
     ) -> None:
         if module is None and build is None:
             raise ValueError("a module, or a way to build it")
@@ -125,6 +127,9 @@ class LoadedModel:
         self.dimensions = dimensions  # an encoder's (``task`` embed)
         # What a detector gives of each box beside it: ``masks``, ``keypoints``.
         self.instances = instances
+        # Whether a detector's boxes are clipped to the image (as every library but
+        # transformers, whose post-processing leaves them as the model draws them).
+        self.clips_boxes = clips_boxes
         self._module = module
         self._build = build
         self._content = content
@@ -147,7 +152,7 @@ class LoadedModel:
         return LoadedModel(
             self.name, None, self.weights, self.labels, self.transform,
             build=lambda: copy.deepcopy(self.module), digest=self.digest, task=self.task,
-            dimensions=self.dimensions, instances=self.instances,
+            dimensions=self.dimensions, instances=self.instances, clips_boxes=self.clips_boxes,
         )  # fmt: skip
 
 
@@ -182,6 +187,8 @@ def load_model(
         return _load_yolo(path, labels_path, image_size, task, fit)
     if (architecture := timm_name(name)) is not None:
         return _load_timm(architecture, weights, labels_path, image_size, task, fit)
+    if (source := hf_source(name)) is not None:
+        return _load_hf(name, source, labels_path, image_size, task, fit)
     served = resolve_task(task, name)
     labels = read_labels(labels_path) if labels_path is not None else None
     if ":" in name:
@@ -263,6 +270,37 @@ def _load_timm(
     outputs, _ = _count_outputs(model.module, transform, TIMM_PREFIX + name, served)
     return LoadedModel(TIMM_PREFIX + name, model.module, model.weights, model.labels, transform,
                        task=served, dimensions=outputs if served == "embed" else 0)  # fmt: skip
+
+
+def _load_hf(
+    name: str,
+    source: str,
+    labels_path: Path | None,
+    image_size: int | None,
+    task: str,
+    fit: str,
+) -> LoadedModel:
+    """A Hugging Face transformers model: its input its image processor's, its labels its
+    configuration's ``id2label``."""
+    try:
+        model = load_hf(source, task, image_size)
+    except HfModelError as exc:
+        raise ModelLoadError(str(exc)) from None
+    transform = model.transform
+    if fit not in ("auto", transform.fit):
+        logger.warning("%s: FIT=%s replaces its image processor's input (%s): its answers "
+                       "will differ from transformers'", name, fit, transform.fit)  # fmt: skip
+        transform = dataclasses.replace(transform, fit=Fit(fit))
+    outputs, _ = _count_outputs(model.module, transform, name, model.task)
+    labels = model.labels
+    if labels_path is not None:
+        labels = read_labels(labels_path)
+        if model.task in ("classify", "segment") and len(labels) != outputs:
+            raise ModelLoadError(f"{labels_path} has {len(labels)} labels but {name} has "
+                                 f"{outputs} classes")  # fmt: skip
+    return LoadedModel(name, model.module, model.weights, labels, transform, task=model.task,
+                       dimensions=outputs if model.task == "embed" else 0,
+                       clips_boxes=False)  # fmt: skip
 
 
 def _task_of(module: nn.Module) -> Task | None:

@@ -51,7 +51,7 @@ def default_size(task: str) -> int | None:
 
 def server_nms(task: str, model: str, nms_iou: float) -> float | None:
     """The IoU of the server's non-maximum suppression for a detector (``NMS_IOU``): none for
-    torchvision's, which run their own, nor at 0."""
-    if task != "detect" or ":" not in model or nms_iou == 0:
+    torchvision's and transformers', which answer without one or run their own, nor at 0."""
+    if task != "detect" or ":" not in model or model.startswith("hf:") or nms_iou == 0:
         return None
     return nms_iou

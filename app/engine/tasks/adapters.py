@@ -26,6 +26,7 @@ import torch
 from torch import nn
 
 from app.engine.tasks.dense import DenseDecode, DenseGraph, dense, head_outputs
+from app.engine.tasks.hf import HfDetector
 from app.engine.tasks.outputs import Detections, detections, segmentation
 from app.engine.tasks.rcnn import BoxHeadRun, RcnnBoxHead, RcnnDecode, RcnnGraph, two_stage
 from app.engine.tasks.ssd import SsdDecode, SsdGraph
@@ -200,6 +201,8 @@ def detector_parts(module: nn.Module, canvas: tuple[int, int]) -> DetectorParts 
     if isinstance(module, YoloDetector):
         outputs = ("head", "prototypes") if module.decoding.masks else ("head",)
         return DetectorParts(module.graph, module.decoding, outputs)
+    if isinstance(module, HfDetector):
+        return DetectorParts(module.graph, module.decoding, ("logits", "pred_boxes"))
     with torch.inference_mode():
         answered = module(torch.zeros((1, 3, *canvas), device=_device_of(module)))
     if not (isinstance(answered, tuple) and len(answered) == 3):

@@ -11,7 +11,9 @@ pasted into the image by torchvision's own ``paste_masks_in_image`` at the mappe
 binarised at 0.5 as its documentation does, and encoded as COCO run-length
 (``pycocotools``); keypoints are mapped as boxes are. A segmenter's mask is the per-pixel
 arg-max, taken on the batch, cut to the image's content and resized to the image's own size
-(nearest: class indices are not blended).
+(nearest: class indices are not blended); where the logits are coarser than the input, the
+logits are resized to the image first and the arg-max taken there, as Hugging Face's
+segmenters answer.
 """
 
 from __future__ import annotations
@@ -59,11 +61,13 @@ def detections(
     max_counts: Sequence[int],
     nms_iou: float | None,
     with_masks: Sequence[bool] | None = None,
+    clip: bool = True,
 ) -> list[Detected]:
-    """Each image's boxes in its own pixels, clipped to it, those with an area scoring at
-    least its ``min_scores`` (and above 0: padding), suppressed at ``nms_iou`` per class when
-    given, at most its ``max_counts``, best first; with their masks (where ``with_masks``)
-    and keypoints where the model gives them."""
+    """Each image's boxes in its own pixels, clipped to it (unless not ``clip``: as
+    transformers answers), those with an area scoring at least its ``min_scores`` (and above
+    0: padding), suppressed at ``nms_iou`` per class when given, at most its ``max_counts``,
+    best first; with their masks (where ``with_masks``) and keypoints where the model gives
+    them."""
     count = len(placements)
     boxes, scores = found.boxes[:count].float(), found.scores[:count].float()
     labels = found.labels[:count]
@@ -72,7 +76,8 @@ def detections(
     boxes = (boxes - offset) * scale
     limits = torch.tensor([[p.width, p.height] for p in placements], dtype=torch.float32,
                           device=boxes.device).repeat(1, 2).unsqueeze(1)  # fmt: skip
-    boxes = torch.minimum(boxes.clamp(min=0), limits)
+    if clip:
+        boxes = torch.minimum(boxes.clamp(min=0), limits)
     area = (boxes[..., 2] > boxes[..., 0]) & (boxes[..., 3] > boxes[..., 1])
     threshold = torch.tensor(min_scores, dtype=torch.float32, device=scores.device)
     keep = (scores > 0) & area & (scores >= threshold.unsqueeze(1))
@@ -251,6 +256,10 @@ def encoded(binary: torch.Tensor) -> list[dict[str, Any]]:
 def masks(logits: torch.Tensor, placements: Sequence[Placement]) -> list[np.ndarray[Any, Any]]:
     """Each image's mask of class indices, ``[H, W]`` in its own pixels: uint8 for up to 256
     classes, else uint16 (up to 65,536)."""
+    if logits.shape[-2:] != placements[0].canvas:
+        return [
+            _resized_classes(row, where) for row, where in zip(logits, placements, strict=False)
+        ]
     # max's indices, not argmax: the same first index of the largest logit, from a faster
     # kernel on a CPU.
     classes = logits.max(dim=1).indices
@@ -268,6 +277,38 @@ def masks(logits: torch.Tensor, placements: Sequence[Placement]) -> list[np.ndar
         mask = part.cpu().numpy()
         answers.append(mask.astype(np.uint16) if many else mask)
     return answers
+
+
+# The most bytes of resized logits held at once.
+LOGIT_BAND_BYTES = 16 * 1024 * 1024
+
+
+def _resized_classes(logits: torch.Tensor, where: Placement) -> np.ndarray[Any, Any]:
+    """The mask of a model whose logits ``[C, h, w]`` are coarser than its input (SegFormer's
+    are a quarter of it), as Hugging Face's ``post_process_semantic_segmentation`` makes it:
+    the logits resized to the image's size (bilinear) and their arg-max there; resized
+    directly where the image fills the input, else to the input and the image's content cut
+    from it first. A band of rows at a time, so that ``C`` planes of the image's size are
+    never whole."""
+    channels, height, width = logits.shape
+    canvas_height, canvas_width = where.canvas
+    device = logits.device
+    if (where.content_height, where.content_width) == where.canvas:
+        rows = _bilinear(height, where.height).to(device, torch.float32)
+        columns = _bilinear(width, where.width).to(device, torch.float32)
+    else:
+        rows = _resampling(height, canvas_height, where.top, where.content_height, where.height,
+                           device)  # fmt: skip
+        columns = _resampling(width, canvas_width, where.left, where.content_width, where.width,
+                              device)  # fmt: skip
+    across = logits.float() @ columns.T  # [C, h, W]
+    band = max(1, LOGIT_BAND_BYTES // (4 * channels * where.width))
+    classes = torch.empty((where.height, where.width), dtype=torch.int64, device=device)
+    for top in range(0, where.height, band):
+        resized = torch.einsum("bh,chw->cbw", rows[top : top + band], across)
+        classes[top : top + band] = resized.max(dim=0).indices
+    mask = classes.cpu().numpy()
+    return mask.astype(np.uint16 if channels > 256 else np.uint8)
 
 
 def embeddings(features: torch.Tensor, normalized: bool) -> np.ndarray[Any, Any]:

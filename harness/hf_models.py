@@ -1,0 +1,272 @@
+"""Hugging Face transformers models to serve offline (the tests' and the benchmarks'): small
+configurations of real architectures, weights drawn from a fixed seed, their heads spread so
+that answers differ on real photos (transformers' initialisation scores every class alike),
+written by ``save_pretrained`` with their image processor, as a user's fine-tuned model is.
+And the reference: the library's own pipeline, the image processor (transformers' default
+backend) and the model on the photo Pillow decodes, one at a time, eager, fp32, answered by
+the processor's own post-processing. Needs the ``transformers`` extra."""
+
+from __future__ import annotations
+
+import importlib
+import io
+from collections.abc import Callable, Sequence
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+from PIL import Image
+from torch import nn
+
+from app.engine import Detected
+from harness.photos import photos
+
+# A classifier's (or a segmenter's) logits on the photos scaled to this spread.
+LOGIT_SPREAD = 3.0
+LABELS = 10
+
+
+def _transformers() -> Any:
+    return importlib.import_module("transformers")
+
+
+def _labelled(count: int = LABELS) -> dict[str, Any]:
+    return {"id2label": {i: f"class {i}" for i in range(count)},
+            "label2id": {f"class {i}": i for i in range(count)}}  # fmt: skip
+
+
+def _vit(t: Any) -> tuple[nn.Module, Any]:
+    config = t.ViTConfig(hidden_size=32, num_hidden_layers=2, num_attention_heads=2,
+                         intermediate_size=64, image_size=224, patch_size=16,
+                         **_labelled())  # fmt: skip
+    return t.ViTForImageClassification(config), t.ViTImageProcessor()
+
+
+def _convnext(t: Any) -> tuple[nn.Module, Any]:
+    config = t.ConvNextConfig(depths=[1, 1, 1, 1], hidden_sizes=[8, 16, 32, 64], **_labelled())
+    processor = t.ConvNextImageProcessor(size={"shortest_edge": 224}, crop_pct=0.875)
+    return t.ConvNextForImageClassification(config), processor
+
+
+def _dinov2(t: Any) -> tuple[nn.Module, Any]:
+    config = t.Dinov2Config(hidden_size=32, num_hidden_layers=2, num_attention_heads=2,
+                            mlp_ratio=2, patch_size=14, image_size=224)  # fmt: skip
+    # DINOv2's own processor: the shorter side to 256 (bicubic), its centre 224, ImageNet's.
+    processor = t.BitImageProcessor(size={"shortest_edge": 256}, crop_size=224,
+                                    image_mean=[0.485, 0.456, 0.406],
+                                    image_std=[0.229, 0.224, 0.225])  # fmt: skip
+    return t.Dinov2Model(config), processor
+
+
+def _clip(t: Any) -> tuple[nn.Module, Any]:
+    config = t.CLIPVisionConfig(hidden_size=32, num_hidden_layers=2, num_attention_heads=2,
+                                intermediate_size=64, image_size=224, patch_size=32,
+                                projection_dim=16)  # fmt: skip
+    return t.CLIPVisionModelWithProjection(config), t.CLIPImageProcessor()
+
+
+def _detr(t: Any) -> tuple[nn.Module, Any]:
+    backbone = t.ResNetConfig(depths=[1, 1, 1, 1], hidden_sizes=[16, 32, 64, 128],
+                              embedding_size=16, out_features=["stage4"])  # fmt: skip
+    config = t.DetrConfig(use_timm_backbone=False, backbone_config=backbone,
+                          use_pretrained_backbone=False, d_model=32, encoder_layers=1,
+                          decoder_layers=1, encoder_attention_heads=2, decoder_attention_heads=2,
+                          encoder_ffn_dim=32, decoder_ffn_dim=32, num_queries=20,
+                          **_labelled())  # fmt: skip
+    # DETR's rule at a smaller scale: the shorter side to 480 unless the longer passes 800.
+    processor = t.DetrImageProcessor(size={"shortest_edge": 480, "longest_edge": 800})
+    return t.DetrForObjectDetection(config), processor
+
+
+def _rt_detr(t: Any) -> tuple[nn.Module, Any]:
+    backbone = t.RTDetrResNetConfig(depths=[1, 1, 1, 1], hidden_sizes=[16, 32, 64, 128],
+                                    embedding_size=16,
+                                    out_features=["stage2", "stage3", "stage4"])  # fmt: skip
+    config = t.RTDetrConfig(backbone_config=backbone, encoder_in_channels=[32, 64, 128],
+                            encoder_hidden_dim=32, d_model=32, decoder_in_channels=[32, 32, 32],
+                            encoder_ffn_dim=32, decoder_ffn_dim=32, decoder_layers=1,
+                            num_queries=30, **_labelled())  # fmt: skip
+    model = t.RTDetrForObjectDetection(config)
+    # transformers' initialisation leaves this small encoder's memory alike at every position
+    # (and its box deltas zero): torch's own layer initialisation spreads it. The positions
+    # outside the anchors' range (memory masked to zero) are scored by the head's bias alone:
+    # set well below the others, so that the queries start from anchors, as trained ones do.
+    for layer in model.modules():
+        if isinstance(layer, nn.Linear | nn.Conv2d):
+            layer.reset_parameters()
+    with torch.no_grad():
+        model.model.enc_output[0].bias.zero_()
+        model.model.enc_score_head.bias.fill_(-10.0)
+    return model, t.RTDetrImageProcessor()
+
+
+def _segformer(t: Any) -> tuple[nn.Module, Any]:
+    config = t.SegformerConfig(depths=[1, 1, 1, 1], hidden_sizes=[8, 16, 32, 64],
+                               decoder_hidden_size=32, num_attention_heads=[1, 1, 2, 2],
+                               **_labelled(5))  # fmt: skip
+    processor = t.SegformerImageProcessor(size={"height": 256, "width": 256})
+    return t.SegformerForSemanticSegmentation(config), processor
+
+
+def _vit_b16(t: Any) -> tuple[nn.Module, Any]:
+    """ViT-B/16 at 224 (transformers' default configuration), ImageNet's 1,000 classes."""
+    config = t.ViTConfig(**_labelled(1000))
+    return t.ViTForImageClassification(config), t.ViTImageProcessor()
+
+
+def _rt_detr_r50(t: Any) -> tuple[nn.Module, Any]:
+    """RT-DETR with its ResNet-50 (transformers' default configuration), COCO's 80 classes."""
+    config = t.RTDetrConfig(**_labelled(80))
+    return t.RTDetrForObjectDetection(config), t.RTDetrImageProcessor()
+
+
+FAMILIES: dict[str, Callable[[Any], tuple[nn.Module, Any]]] = {
+    "vit": _vit, "convnext": _convnext, "dinov2": _dinov2, "clip": _clip, "detr": _detr,
+    "rt_detr": _rt_detr, "segformer": _segformer,
+    # The benchmarks' full-size models.
+    "vit_b16": _vit_b16, "rt_detr_r50": _rt_detr_r50,
+}  # fmt: skip
+
+
+def saved(family: str, folder: Path, seed: int = 0) -> Path:
+    """A directory of ``family``'s model as ``save_pretrained`` writes it, with its image
+    processor, its weights drawn from ``seed`` and its head spread (made once per folder)."""
+    directory = folder / f"hf-{family}"
+    if not (directory / "config.json").exists():
+        torch.manual_seed(seed)
+        model, processor = FAMILIES[family](_transformers())
+        model.eval()
+        _spread(model, processor)
+        model.save_pretrained(directory)  # type: ignore[operator]
+        processor.save_pretrained(directory)
+    return directory
+
+
+def _spread(model: nn.Module, processor: Any) -> None:
+    """The head's last layer scaled so that its outputs spread on the photos (a detector's
+    box regression too, so that its boxes differ)."""
+    for layer, spread in ((_head(model), LOGIT_SPREAD), (_box_head(model), BOX_SPREAD)):
+        if layer is not None:
+            _scaled(model, processor, layer, spread)
+
+
+# A detector's box regression (before its sigmoid) scaled to this spread.
+BOX_SPREAD = 1.0
+
+
+def _scaled(model: nn.Module, processor: Any, layer: nn.Module, spread: float) -> None:
+    weight: Any = layer.weight
+    if not bool(weight.any()):  # initialised to zero (RT-DETR's box deltas): drawn first
+        with torch.no_grad():
+            nn.init.normal_(weight, std=0.02)
+    outputs: list[torch.Tensor] = []
+
+    def kept(_: nn.Module, __: Any, output: torch.Tensor) -> None:
+        outputs.append(output.flatten())
+
+    hook = layer.register_forward_hook(kept)
+    with torch.inference_mode():
+        for image in _images():
+            model(**processor(images=image, return_tensors="pt"))
+    hook.remove()
+    found = float(torch.cat(outputs).std())
+    with torch.no_grad():
+        weight.mul_(spread / max(found, 1e-12))
+        bias: Any = layer.bias
+        if bias is not None:
+            bias.zero_()
+
+
+def _head(model: nn.Module) -> nn.Module | None:
+    for name in ("classifier", "class_labels_classifier"):
+        found = getattr(model, name, None)
+        if isinstance(found, nn.Linear):
+            return found
+    decode = getattr(model, "decode_head", None)
+    if decode is not None:
+        classifier: nn.Module = decode.classifier
+        return classifier
+    embed = getattr(getattr(getattr(model, "model", None), "decoder", None), "class_embed", None)
+    if embed is not None:
+        last: nn.Module = embed[-1]
+        return last
+    return None
+
+
+def _box_head(model: nn.Module) -> nn.Module | None:
+    predictor = getattr(model, "bbox_predictor", None)
+    if predictor is None:
+        embed = getattr(getattr(getattr(model, "model", None), "decoder", None), "bbox_embed",
+                        None)  # fmt: skip
+        predictor = embed[-1] if embed is not None else None
+    if predictor is None:
+        return None
+    last: nn.Module = predictor.layers[-1]
+    return last
+
+
+def _images(data: Sequence[bytes] | None = None) -> list[Image.Image]:
+    images = []
+    for each in data if data is not None else photos():
+        with Image.open(io.BytesIO(each)) as image:
+            images.append(image.convert("RGB"))
+    return images
+
+
+def reference(directory: Path) -> tuple[nn.Module, Any]:
+    """The model and processor as their user loads them: ``AutoImageProcessor`` and the
+    class ``config.json`` names."""
+    t = _transformers()
+    config = t.AutoConfig.from_pretrained(directory)
+    model = getattr(t, config.architectures[0]).from_pretrained(directory).eval()
+    return model, t.AutoImageProcessor.from_pretrained(directory)
+
+
+def classified(directory: Path, images: Sequence[bytes]) -> list[np.ndarray[Any, Any]]:
+    """transformers' own answer, photo by photo: the softmax of the logits."""
+    model, processor = reference(directory)
+    with torch.inference_mode():
+        return [model(**processor(images=image, return_tensors="pt")).logits.softmax(-1)[0].numpy()
+                for image in _images(images)]  # fmt: skip
+
+
+def embedded(directory: Path, images: Sequence[bytes]) -> list[np.ndarray[Any, Any]]:
+    """The image vector, photo by photo: ``image_embeds`` or ``pooler_output``."""
+    model, processor = reference(directory)
+    answers = []
+    with torch.inference_mode():
+        for image in _images(images):
+            output = model(**processor(images=image, return_tensors="pt"))
+            vector = getattr(output, "image_embeds", None)
+            answers.append((vector if vector is not None else output.pooler_output)[0].numpy())
+    return answers
+
+
+def detected(directory: Path, images: Sequence[bytes], threshold: float) -> list[Detected]:
+    """``post_process_object_detection(outputs, threshold, target_sizes)`` photo by photo."""
+    model, processor = reference(directory)
+    answers = []
+    with torch.inference_mode():
+        for image in _images(images):
+            output = model(**processor(images=image, return_tensors="pt"))
+            (found,) = processor.post_process_object_detection(
+                output, threshold=threshold, target_sizes=[(image.height, image.width)]
+            )
+            answers.append(Detected(found["boxes"].numpy(), found["scores"].numpy(),
+                                    found["labels"].numpy()))  # fmt: skip
+    return answers
+
+
+def segmented(directory: Path, images: Sequence[bytes]) -> list[np.ndarray[Any, Any]]:
+    """``post_process_semantic_segmentation(outputs, target_sizes)`` photo by photo."""
+    model, processor = reference(directory)
+    answers = []
+    with torch.inference_mode():
+        for image in _images(images):
+            output = model(**processor(images=image, return_tensors="pt"))
+            (mask,) = processor.post_process_semantic_segmentation(
+                output, target_sizes=[(image.height, image.width)]
+            )
+            answers.append(mask.numpy())
+    return answers
