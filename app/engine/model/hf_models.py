@@ -35,7 +35,7 @@ from typing import Any
 
 from torch import nn
 
-from app.engine.tasks.hf import HfClassifier, HfDetector, HfEncoder, HfSegmenter
+from app.engine.tasks.hf import HfDetector, HfEncoder, HfLogits
 from preprocessing import Fit, TransformConfig
 from preprocessing.transforms import Interpolation, Resampler
 
@@ -115,13 +115,11 @@ def load_hf(source: str, task: str = "auto", image_size: int | None = None) -> H
     ):
         raise HfModelError(f"{source} is a multi-label classifier: served are single-label ones")
     module: nn.Module
-    if served == "classify":
-        module = HfClassifier(model)
+    if served in ("classify", "segment"):
+        module = HfLogits(model)
     elif served == "detect":
         takes_mask = "pixel_mask" in _parameters(model)
         module = HfDetector(model, processor, takes_mask)
-    elif served == "segment":
-        module = HfSegmenter(model)
     else:
         module = HfEncoder(model)
     labels = _labels(config) if served in ("classify", "detect", "segment") else ()

@@ -24,8 +24,9 @@ from app.engine.tasks.outputs import Detections, detections
 ImageSizes = Sequence[tuple[int, int]]
 
 
-class HfClassifier(nn.Module):
-    """``AutoModelForImageClassification``'s logits."""
+class HfLogits(nn.Module):
+    """A classifier's logits (``AutoModelForImageClassification``), or a segmenter's at the
+    model's own resolution (``AutoModelForSemanticSegmentation``)."""
 
     def __init__(self, model: nn.Module) -> None:
         super().__init__()
@@ -65,18 +66,6 @@ def vector_of(output: Any) -> torch.Tensor:
             return found.flatten(1)
     hidden: torch.Tensor = output.last_hidden_state
     return hidden[:, 0]
-
-
-class HfSegmenter(nn.Module):
-    """``AutoModelForSemanticSegmentation``'s logits, at the model's resolution."""
-
-    def __init__(self, model: nn.Module) -> None:
-        super().__init__()
-        self.model = model
-
-    def forward(self, batch: torch.Tensor) -> torch.Tensor:
-        logits: torch.Tensor = self.model(pixel_values=batch).logits
-        return logits
 
 
 class HfDetectorGraph(nn.Module):
