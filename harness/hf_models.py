@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import importlib
 import io
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -223,50 +223,46 @@ def reference(directory: Path) -> tuple[nn.Module, Any]:
     return model, t.AutoImageProcessor.from_pretrained(directory)
 
 
-def classified(directory: Path, images: Sequence[bytes]) -> list[np.ndarray[Any, Any]]:
-    """transformers' own answer, photo by photo: the softmax of the logits."""
+def _outputs(directory: Path, images: Sequence[bytes]) -> Iterator[tuple[Image.Image, Any, Any]]:
+    """Each photo, the reference model's output on it (eager, fp32) and the processor."""
     model, processor = reference(directory)
     with torch.inference_mode():
-        return [model(**processor(images=image, return_tensors="pt")).logits.softmax(-1)[0].numpy()
-                for image in _images(images)]  # fmt: skip
+        for image in _images(images):
+            yield image, model(**processor(images=image, return_tensors="pt")), processor
+
+
+def classified(directory: Path, images: Sequence[bytes]) -> list[np.ndarray[Any, Any]]:
+    """transformers' own answer, photo by photo: the softmax of the logits."""
+    return [output.logits.softmax(-1)[0].numpy() for _, output, _ in _outputs(directory, images)]
 
 
 def embedded(directory: Path, images: Sequence[bytes]) -> list[np.ndarray[Any, Any]]:
     """The image vector, photo by photo: ``image_embeds`` or ``pooler_output``."""
-    model, processor = reference(directory)
     answers = []
-    with torch.inference_mode():
-        for image in _images(images):
-            output = model(**processor(images=image, return_tensors="pt"))
-            vector = getattr(output, "image_embeds", None)
-            answers.append((vector if vector is not None else output.pooler_output)[0].numpy())
+    for _, output, _ in _outputs(directory, images):
+        vector = getattr(output, "image_embeds", None)
+        answers.append((vector if vector is not None else output.pooler_output)[0].numpy())
     return answers
 
 
 def detected(directory: Path, images: Sequence[bytes], threshold: float) -> list[Detected]:
     """``post_process_object_detection(outputs, threshold, target_sizes)`` photo by photo."""
-    model, processor = reference(directory)
     answers = []
-    with torch.inference_mode():
-        for image in _images(images):
-            output = model(**processor(images=image, return_tensors="pt"))
-            (found,) = processor.post_process_object_detection(
-                output, threshold=threshold, target_sizes=[(image.height, image.width)]
-            )
-            answers.append(Detected(found["boxes"].numpy(), found["scores"].numpy(),
-                                    found["labels"].numpy()))  # fmt: skip
+    for image, output, processor in _outputs(directory, images):
+        (found,) = processor.post_process_object_detection(
+            output, threshold=threshold, target_sizes=[(image.height, image.width)]
+        )
+        answers.append(Detected(found["boxes"].numpy(), found["scores"].numpy(),
+                                found["labels"].numpy()))  # fmt: skip
     return answers
 
 
 def segmented(directory: Path, images: Sequence[bytes]) -> list[np.ndarray[Any, Any]]:
     """``post_process_semantic_segmentation(outputs, target_sizes)`` photo by photo."""
-    model, processor = reference(directory)
     answers = []
-    with torch.inference_mode():
-        for image in _images(images):
-            output = model(**processor(images=image, return_tensors="pt"))
-            (mask,) = processor.post_process_semantic_segmentation(
-                output, target_sizes=[(image.height, image.width)]
-            )
-            answers.append(mask.numpy())
+    for image, output, processor in _outputs(directory, images):
+        (mask,) = processor.post_process_semantic_segmentation(
+            output, target_sizes=[(image.height, image.width)]
+        )
+        answers.append(mask.numpy())
     return answers
