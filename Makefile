@@ -7,7 +7,8 @@ BENCH_STAMP := $(VENV)/.bench-stamp
 HOST   ?= 0.0.0.0
 PORT   ?= 8000
 
-.PHONY: install serve serve-workers test test-fast lint format docs bench gpu-check gpu-wheels clean
+.PHONY: install serve serve-workers test test-fast lint format docs bench gpu-check gpu-wheels clean \
+	image image-test
 
 $(STAMP): pyproject.toml
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
@@ -38,6 +39,17 @@ serve-workers: $(STAMP)
 test: $(STAMP)
 	NO_MKDOCS_2_WARNING=1 $(BIN)/mkdocs build --strict --site-dir $(VENV)/site
 	$(BIN)/python -m pytest -q
+
+## The CPU container image (with a base built from Debian's packages where no registry answers)
+IMAGE ?= batchserve:cpu
+image:
+	deploy/docker/build-image.sh $(IMAGE)
+
+## Build the image, then run it as users will (tests/test_image.py): size and cold start reported
+image-test: image $(STAMP)
+	BATCHSERVE_IMAGE=$(IMAGE) BATCHSERVE_IMAGE_REPORT=$(CURDIR)/$(VENV)/image-report.txt \
+		$(BIN)/python -m pytest -q tests/test_image.py
+	@cat $(VENV)/image-report.txt
 
 ## Serve the documentation at http://127.0.0.1:$(DOCS_PORT), rebuilt as its pages change
 DOCS_PORT ?= 8080

@@ -11,6 +11,7 @@ import orjson
 from app.requestid import RequestIdLogFilter
 
 _TEXT_FORMAT = "%(asctime)s %(levelname)s %(name)s [%(request_id)s] %(message)s"
+_HANDLER_NAME = "batchserve"
 
 
 class JsonFormatter(logging.Formatter):
@@ -28,14 +29,22 @@ class JsonFormatter(logging.Formatter):
 
 
 def configure_logging(level: str, json_lines: bool) -> None:
-    """Give the ``batchserve`` and ``batching`` loggers a handler (uvicorn keeps its own).
+    """Write the records of ``batchserve``, ``batching`` and of libraries that log through the
+    root logger to stderr, once each, as text or JSON lines (uvicorn keeps its own handlers).
 
-    They still propagate, so a handler on the root logger (a test's, say) sees records too.
+    The handler goes on the root logger, beside any that something else put there (a test's),
+    replacing only one an earlier call put there. On the ``batchserve`` logger itself, it would
+    print every record twice as soon as a library logged through the root logger with no handler
+    there (OpenVINO's telemetry does, where the home directory is read-only): ``logging`` then
+    gives the root logger a handler of its own.
     """
     handler = logging.StreamHandler(sys.stderr)
     handler.addFilter(RequestIdLogFilter())
     handler.setFormatter(JsonFormatter() if json_lines else logging.Formatter(_TEXT_FORMAT))
+    handler.set_name(_HANDLER_NAME)
+    root = logging.getLogger()
+    root.handlers = [each for each in root.handlers if each.get_name() != _HANDLER_NAME]
+    root.addHandler(handler)
     for name in ("batchserve", "batching"):
         logger = logging.getLogger(name)
-        logger.handlers = [handler]
         logger.setLevel(level.upper())

@@ -20,7 +20,7 @@ from hypothesis import strategies as st
 from torch import nn
 
 from app.engine import ImageRequest, InferenceEngine, TorchBackend, load_model
-from app.logs import JsonFormatter
+from app.logs import JsonFormatter, configure_logging
 from preprocessing import PreprocessingError, TransformConfig, prepare
 from tests import images
 from tests.checks import assert_same_prediction
@@ -245,3 +245,20 @@ def test_json_log_lines_carry_the_request_id() -> None:
     assert line["message"] == "boom x"
     assert line["level"] == "error"
     assert "ValueError: inner" in line["exception"]
+
+
+def test_each_record_is_written_once_when_a_library_logs_through_the_root_logger(
+    monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    root = logging.getLogger()
+    # As in a server: no handler on the root logger when the app configures logging.
+    monkeypatch.setattr(root, "handlers", [])
+    monkeypatch.setattr(logging.getLogger("batchserve"), "handlers", [])
+    configure_logging("INFO", json_lines=False)
+    configure_logging("INFO", json_lines=False)  # a second app in the same process
+    logging.warning("a library's warning")  # what OpenVINO's telemetry does
+    logging.getLogger("batchserve").info("served")
+    err = capsys.readouterr().err
+    assert err.count("a library's warning") == 1, err
+    assert err.count("served") == 1, err
+    assert " INFO batchserve [-] served" in err
