@@ -47,7 +47,10 @@ class ClusterOptions(BaseModel):
     target_ongoing_requests: float | None = Field(None, gt=0)
     """Unset: two batches' worth (one running, one forming) of ``MAX_BATCH_SIZE``."""
     max_ongoing_requests: int | None = Field(None, ge=1)
-    """Unset: four batches' worth. Ray's own default (5) would starve the batcher."""
+    """Unset: ``MAX_QUEUE_SIZE``, the replica's own admission bound (503 past it). Ray's
+    default (5) starves the batcher, and any cap the load reaches leaves Ray's router holding
+    requests and probing for room with back-off while the replica idles (see
+    docs/deployment.md#ray)."""
     upscale_delay_s: float = Field(30.0, ge=0)
     downscale_delay_s: float = Field(600.0, ge=0)
     health_check_period_s: float = Field(10.0, gt=0)
@@ -58,7 +61,7 @@ def deployment_options(settings: Settings, options: ClusterOptions) -> dict[str,
     budget as the graceful shutdown."""
     batch = settings.max_batch_size
     target = options.target_ongoing_requests or 2.0 * batch
-    most = options.max_ongoing_requests or max(4 * batch, math.ceil(target))
+    most = options.max_ongoing_requests or max(settings.max_queue_size, math.ceil(target))
     actor: dict[str, Any] = {"num_cpus": options.num_cpus, "num_gpus": options.num_gpus}
     if options.resources:
         actor["resources"] = options.resources

@@ -1,5 +1,6 @@
 """batchserve on a Ray cluster: one node against two, one replica each, each node pinned to one
-core of its own, the same model, behind Ray Serve's one HTTP proxy (on the head node).
+core of its own, the same model, behind Ray Serve's one HTTP proxy (on the head node); and
+batchserve alone under uvicorn on one core, for what Ray costs.
 
     python -m benchmarks.ray_nodes --model resnet18 --rounds 3 --clients 64
 
@@ -14,7 +15,9 @@ from __future__ import annotations
 
 import argparse
 import copy
+import os
 import statistics
+import sys
 import tempfile
 import time
 from pathlib import Path
@@ -26,7 +29,7 @@ import yaml
 from benchmarks import corpus, wrk
 from benchmarks.common import machine, machine_markdown, median, write_results
 from harness.ray_cluster import Node, RayCluster
-from harness.servers import ROOT
+from harness.servers import ROOT, ServerProcess, free_port
 
 ONE_PER_NODE: dict[str, float] = {"batchserve": 1}
 LAYOUTS = {
@@ -38,7 +41,9 @@ LAYOUTS = {
 }
 
 
-def config(args: argparse.Namespace, replicas: int, artifacts: Path) -> dict[str, Any]:
+def config(
+    args: argparse.Namespace, replicas: int, artifacts: Path, capped: int | None = None
+) -> dict[str, Any]:
     document: dict[str, Any] = copy.deepcopy(
         yaml.safe_load((ROOT / "deploy" / "ray" / "serve.yaml").read_text())
     )
@@ -50,6 +55,8 @@ def config(args: argparse.Namespace, replicas: int, artifacts: Path) -> dict[str
         "BATCHSERVE_ARTIFACTS_DIR": str(artifacts),
     }  # fmt: skip
     application["args"] = {"num_cpus": 1, "resources": ONE_PER_NODE, "num_replicas": replicas}
+    if capped is not None:
+        application["args"]["max_ongoing_requests"] = capped
     return document
 
 
@@ -77,20 +84,35 @@ def cpu_seconds(cluster: RayCluster) -> dict[int, tuple[str, float]]:
     return seconds
 
 
-def measure(layout: str, args: argparse.Namespace, images: list[bytes]) -> dict[str, Any]:
-    nodes = LAYOUTS[layout]
-    with tempfile.TemporaryDirectory() as scratch, RayCluster(nodes) as cluster:
-        cluster.deploy(config(args, len(nodes), Path(scratch)))
-        cluster.wait_for(len(nodes), timeout=600)
-        wrk.run(cluster.url, images, args.clients, 0, args.warmup)
-        before = cpu_seconds(cluster)
-        started = time.perf_counter()
-        result = wrk.run(cluster.url, images, args.clients, 0, args.duration)
-        elapsed = time.perf_counter() - started
-        after = cpu_seconds(cluster)
-    cores: dict[str, float] = {}
-    for pid, (name, used) in after.items():
-        cores[name] = cores.get(name, 0.0) + (used - before.get(pid, (name, 0.0))[1]) / elapsed
+ALONE = "batchserve alone (uvicorn)"
+# With --capped N: one node whose replica takes at most N requests from Ray's router.
+CAPPED = "one node, max_ongoing_requests capped"
+
+
+def measure_alone(args: argparse.Namespace, images: list[bytes]) -> dict[str, Any]:
+    """The same settings under uvicorn, pinned to the core the head node gets, no Ray."""
+    with tempfile.TemporaryDirectory() as scratch:
+        env = config(args, 1, Path(scratch))["applications"][0]["runtime_env"]["env_vars"]
+        env = {**os.environ, **env, "PYTHONPATH": str(ROOT), "BATCHSERVE_GRPC_PORT": "0",
+               "BATCHSERVE_TORCH_THREADS": "1", "BATCHSERVE_DECODE_WORKERS": "1"}  # fmt: skip
+        port = free_port()
+        command = ["taskset", "--cpu-list", "0", sys.executable, "-m", "uvicorn", "app.main:app",
+                   "--host", "127.0.0.1", "--port", str(port)]  # fmt: skip
+        url = f"http://127.0.0.1:{port}"
+        with ServerProcess(command, url, env, startup_timeout=600) as server:
+            assert server.process is not None
+            process = psutil.Process(server.process.pid)
+            wrk.run(url, images, args.clients, 0, args.warmup)
+            before = process.cpu_times()
+            started = time.perf_counter()
+            result = wrk.run(url, images, args.clients, 0, args.duration)
+            elapsed = time.perf_counter() - started
+            after = process.cpu_times()
+    used = (after.user + after.system) - (before.user + before.system)
+    return summary(ALONE, result, {"replicas": used / elapsed})
+
+
+def summary(layout: str, result: dict[str, Any], cores: dict[str, float]) -> dict[str, Any]:
     cores["load generator (wrk)"] = result["client_cpu_cores"]
     return {
         "layout": layout,
@@ -102,12 +124,33 @@ def measure(layout: str, args: argparse.Namespace, images: list[bytes]) -> dict[
     }
 
 
+def measure(layout: str, args: argparse.Namespace, images: list[bytes]) -> dict[str, Any]:
+    if layout == ALONE:
+        return measure_alone(args, images)
+    capped = args.capped if layout == CAPPED else None
+    nodes = LAYOUTS["one node" if capped else layout]
+    with tempfile.TemporaryDirectory() as scratch, RayCluster(nodes) as cluster:
+        cluster.deploy(config(args, len(nodes), Path(scratch), capped))
+        cluster.wait_for(len(nodes), timeout=600)
+        wrk.run(cluster.url, images, args.clients, 0, args.warmup)
+        before = cpu_seconds(cluster)
+        started = time.perf_counter()
+        result = wrk.run(cluster.url, images, args.clients, 0, args.duration)
+        elapsed = time.perf_counter() - started
+        after = cpu_seconds(cluster)
+    cores: dict[str, float] = {}
+    for pid, (name, used) in after.items():
+        cores[name] = cores.get(name, 0.0) + (used - before.get(pid, (name, 0.0))[1]) / elapsed
+    return summary(layout, result, cores)
+
+
 def run(args: argparse.Namespace) -> dict[str, Any]:
     wrk.require()
     images = corpus.generate(64)
-    samples: dict[str, list[dict[str, Any]]] = {layout: [] for layout in LAYOUTS}
+    layouts = ["one node", CAPPED] if args.capped else [ALONE, *LAYOUTS]
+    samples: dict[str, list[dict[str, Any]]] = {layout: [] for layout in layouts}
     for round_index in range(args.rounds):
-        for layout in LAYOUTS:
+        for layout in samples:
             sample = measure(layout, args, images)
             samples[layout].append(sample)
             print(
@@ -115,8 +158,13 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
                 f"p50 {sample['p50_ms']:.0f} ms, cores {sample['cpu_cores']}",
                 flush=True,
             )
-    pairs = zip(samples["one node"], samples["two nodes"], strict=True)
-    ratios = [two["throughput"] / one["throughput"] for one, two in pairs]
+
+    def ratios(over: str, under: str) -> list[float]:
+        if over not in samples or under not in samples:
+            return []
+        pairs = zip(samples[over], samples[under], strict=True)
+        return [top["throughput"] / bottom["throughput"] for top, bottom in pairs]
+
     return {
         "machine": machine(),
         "model": args.model,
@@ -126,14 +174,23 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
         "duration_s": args.duration,
         "rounds": args.rounds,
         "samples": samples,
-        "ratio_two_over_one": median(ratios),
-        "ratios": ratios,
+        "capped": args.capped,
+        "ratios": {
+            "two nodes over one": ratios("two nodes", "one node"),
+            "one node over batchserve alone on the same core": ratios("one node", ALONE),
+            f"capped at {args.capped} over uncapped": ratios(CAPPED, "one node"),
+        },
     }
 
 
 def markdown(data: dict[str, Any]) -> str:
     lines = [
-        f"# {data['model']} on Ray Serve: one node against two",
+        f"# {data['model']} on Ray Serve: "
+        + (
+            f"max_ongoing_requests capped at {data['capped']}"
+            if data.get("capped")
+            else "one node against two"
+        ),
         "",
         f"One replica per node, each node (its raylet, workers and replica) pinned to one core of "
         f"its own; Ray Serve's one HTTP proxy on the head node; {data['clients']} wrk "
@@ -157,11 +214,15 @@ def markdown(data: dict[str, Any]) -> str:
             f"| {cores('replicas'):.2f} | {cores('proxy'):.2f} | {cores('rest of Ray'):.2f} "
             f"| {cores('load generator (wrk)'):.2f} |"
         )
-    spread = statistics.pstdev(data["ratios"]) if len(data["ratios"]) > 1 else 0.0
+    lines.append("")
+    for name, values in data["ratios"].items():
+        if values:
+            spread = statistics.pstdev(values) if len(values) > 1 else 0.0
+            lines.append(
+                f"- {name}: **{median(values):.2f}x** images/s (the rounds' ratios: "
+                f"{', '.join(f'{r:.2f}' for r in values)}; spread {spread:.2f})"
+            )
     lines += [
-        "",
-        f"Two nodes over one: **{data['ratio_two_over_one']:.2f}x** images/s (median of the "
-        f"rounds' ratios: {', '.join(f'{r:.2f}' for r in data['ratios'])}; spread {spread:.2f}).",
         "",
         "Errors per round: "
         + "; ".join(
@@ -186,10 +247,16 @@ def main() -> None:
     parser.add_argument("--duration", type=float, default=20.0)
     parser.add_argument("--warmup", type=float, default=5.0)
     parser.add_argument("--rounds", type=int, default=3)
+    parser.add_argument(
+        "--capped", type=int, default=None,
+        help="instead: one node as deployed, and with max_ongoing_requests=N",
+    )  # fmt: skip
     parser.add_argument("--name", default=None)
     args = parser.parse_args()
     data = run(args)
-    name = args.name or f"ray-nodes-{args.model}"
+    name = args.name or f"ray-nodes-{args.model}" + (
+        f"-capped-{args.capped}" if args.capped else ""
+    )
     _, report = write_results(name, data, markdown(data))
     print(report.read_text())
 

@@ -109,6 +109,40 @@ def _segformer(t: Any) -> tuple[nn.Module, Any]:
     return t.SegformerForSemanticSegmentation(config), processor
 
 
+def _conditional_detr(t: Any) -> tuple[nn.Module, Any]:
+    backbone = t.ResNetConfig(depths=[1, 1, 1, 1], hidden_sizes=[16, 32, 64, 128],
+                              embedding_size=16, out_features=["stage4"])  # fmt: skip
+    config = t.ConditionalDetrConfig(use_timm_backbone=False, backbone_config=backbone,
+                                     use_pretrained_backbone=False, d_model=32, encoder_layers=1,
+                                     decoder_layers=1, encoder_attention_heads=2,
+                                     decoder_attention_heads=2, encoder_ffn_dim=32,
+                                     decoder_ffn_dim=32, num_queries=20,
+                                     **_labelled())  # fmt: skip
+    processor = t.ConditionalDetrImageProcessor(size={"shortest_edge": 480, "longest_edge": 800})
+    return t.ConditionalDetrForObjectDetection(config), processor
+
+
+def _upernet(t: Any) -> tuple[nn.Module, Any]:
+    backbone = t.ConvNextConfig(depths=[1, 1, 1, 1], hidden_sizes=[8, 16, 32, 64],
+                                out_features=["stage1", "stage2", "stage3", "stage4"])  # fmt: skip
+    config = t.UperNetConfig(backbone_config=backbone, hidden_size=32, use_auxiliary_head=False,
+                             **_labelled(5))  # fmt: skip
+    # UperNet's checkpoints ship SegFormer's processor (a fixed square, bilinear).
+    processor = t.SegformerImageProcessor(size={"height": 256, "width": 256})
+    return t.UperNetForSemanticSegmentation(config), processor
+
+
+def _dpt(t: Any) -> tuple[nn.Module, Any]:
+    config = t.DPTConfig(hidden_size=32, num_hidden_layers=4, num_attention_heads=2,
+                         intermediate_size=64, image_size=224, patch_size=16,
+                         backbone_out_indices=[0, 1, 2, 3], neck_hidden_sizes=[8, 16, 32, 64],
+                         fusion_hidden_size=32, use_auxiliary_head=False,
+                         **_labelled(5))  # fmt: skip
+    # DPT's rule for segmentation: a fixed square, bicubic, mean and std 0.5.
+    processor = t.DPTImageProcessor(size={"height": 224, "width": 224})
+    return t.DPTForSemanticSegmentation(config), processor
+
+
 def _vit_b16(t: Any) -> tuple[nn.Module, Any]:
     """ViT-B/16 at 224 (transformers' default configuration), ImageNet's 1,000 classes."""
     config = t.ViTConfig(**_labelled(1000))
@@ -123,7 +157,8 @@ def _rt_detr_r50(t: Any) -> tuple[nn.Module, Any]:
 
 FAMILIES: dict[str, Callable[[Any], tuple[nn.Module, Any]]] = {
     "vit": _vit, "convnext": _convnext, "dinov2": _dinov2, "clip": _clip, "detr": _detr,
-    "rt_detr": _rt_detr, "segformer": _segformer,
+    "rt_detr": _rt_detr, "segformer": _segformer, "conditional_detr": _conditional_detr,
+    "upernet": _upernet, "dpt": _dpt,
     # The benchmarks' full-size models.
     "vit_b16": _vit_b16, "rt_detr_r50": _rt_detr_r50,
 }  # fmt: skip
@@ -191,7 +226,11 @@ def _head(model: nn.Module) -> nn.Module | None:
     if embed is not None:
         last: nn.Module = embed[-1]
         return last
-    return None
+    # Otherwise (DPT's segmentation head) the last convolution with a channel per class.
+    labels = getattr(getattr(model, "config", None), "num_labels", None)
+    convolutions = [layer for layer in model.modules()
+                    if isinstance(layer, nn.Conv2d) and layer.out_channels == labels]  # fmt: skip
+    return convolutions[-1] if convolutions else None
 
 
 def _box_head(model: nn.Module) -> nn.Module | None:

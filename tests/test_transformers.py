@@ -15,6 +15,8 @@ of these otherwise would answer otherwise.
 
 from __future__ import annotations
 
+import json
+import shutil
 from dataclasses import replace
 from pathlib import Path
 from typing import Any
@@ -92,6 +94,7 @@ async def test_an_encoder_answers_its_image_vector(family: str, backend: str, fo
 
 
 @pytest.mark.parametrize(("family", "backend"), [("detr", "torch"), ("rt_detr", "torch"),
+                                                 ("conditional_detr", "torch"),
                                                  ("detr", "onnxruntime")])  # fmt: skip
 async def test_a_detector_answers_its_processors_boxes(
     family: str, backend: str, folder: Path
@@ -108,12 +111,17 @@ async def test_a_detector_answers_its_processors_boxes(
         assert figures[figure] >= bound, figures
 
 
-@pytest.mark.parametrize("backend", ["torch", "onnxruntime"])
-async def test_a_segmenter_answers_its_processors_mask(backend: str, folder: Path) -> None:
-    model, bodies = await served_photos(settings_for("segformer", folder, backend=backend))
+@pytest.mark.parametrize(("family", "backend"), [("segformer", "torch"),
+                                                 ("segformer", "onnxruntime"),
+                                                 ("upernet", "torch"),
+                                                 ("dpt", "torch")])  # fmt: skip
+async def test_a_segmenter_answers_its_processors_mask(
+    family: str, backend: str, folder: Path
+) -> None:
+    model, bodies = await served_photos(settings_for(family, folder, backend=backend))
     assert model["task"] == "segment"
     answers = [served_answer("segment", body) for body in bodies]
-    expected = hf_models.segmented(hf_models.saved("segformer", folder), photos())
+    expected = hf_models.segmented(hf_models.saved(family, folder), photos())
     figures = compare_answers("segment", expected, answers)
     assert figures["classes_seen"] >= 3, figures
     assert figures["worst_pixel_agreement"] >= (0.999 if backend == "torch" else 0.99), figures
@@ -190,3 +198,12 @@ def test_what_cannot_be_served_stops_the_start(folder: Path, tmp_path: Path) -> 
     (odd / "preprocessor_config.json").write_text((vit / "preprocessor_config.json").read_text())
     with pytest.raises(ModelLoadError):
         load_model(str(odd))
+    # DPT's depth checkpoints keep the aspect ratio (to a multiple of 32): not a fixed square.
+    depth = tmp_path / "depth"
+    shutil.copytree(hf_models.saved("dpt", folder), depth)
+    config = json.loads((depth / "preprocessor_config.json").read_text())
+    (depth / "preprocessor_config.json").write_text(
+        json.dumps(config | {"keep_aspect_ratio": True, "ensure_multiple_of": 32})
+    )
+    with pytest.raises(ModelLoadError, match="keeps the aspect ratio"):
+        load_model(str(depth))

@@ -51,7 +51,8 @@ _TASK_SUFFIXES = (("ForImageClassification", "classify"), ("ForObjectDetection",
 _PROCESSORS = ("ViTImageProcessor", "DeiTImageProcessor", "BitImageProcessor",
                "CLIPImageProcessor", "SiglipImageProcessor", "ConvNextImageProcessor",
                "SegformerImageProcessor", "DetrImageProcessor", "ConditionalDetrImageProcessor",
-               "DeformableDetrImageProcessor", "RTDetrImageProcessor")  # fmt: skip
+               "DeformableDetrImageProcessor", "RTDetrImageProcessor",
+               "DPTImageProcessor")  # fmt: skip
 # PIL's resampling numbers, as the processors name them.
 _RESAMPLES = {0: Interpolation.NEAREST_EXACT, 2: Interpolation.BILINEAR,
               3: Interpolation.BICUBIC}  # fmt: skip
@@ -208,6 +209,14 @@ def _fitted(base: TransformConfig, processor: Any, kind: str, source: str) -> Tr
             return replace(base, resize_size=int(shortest / processor.crop_pct),
                            crop_size=shortest, fit=Fit.CENTER_CROP)  # fmt: skip
         return replace(base, resize_size=shortest, crop_size=shortest, fit=Fit.STRETCH)
+    if kind == "DPTImageProcessor" and (
+        processor.keep_aspect_ratio
+        or processor.do_pad
+        or size.height % processor.ensure_multiple_of
+    ):
+        # Its depth checkpoints keep the aspect ratio to a multiple of 32: not a fixed square.
+        raise HfModelError(f"{source} keeps the aspect ratio, pads or rounds its {size.height}-px "
+                           f"inputs: DPT is served with a fixed square")  # fmt: skip
     if size.height and size.width:
         if size.height != size.width:
             raise HfModelError(f"{source} takes {size.width}x{size.height} inputs: only squares "
