@@ -101,6 +101,7 @@ class InferenceEngine:
         # The server's non-maximum suppression for a detector that runs none (None: none).
         self.nms_iou = nms_iou
         self.clips_boxes = loaded.clips_boxes
+        self.resizes_logits = loaded.resizes_logits
         self.embed_normalize = embed_normalize
         self.weights = loaded.weights
         self.labels = loaded.labels
@@ -393,8 +394,8 @@ class InferenceEngine:
                 self.nms_iou, [each.masks for each in wanted], clip=self.clips_boxes,
             )  # fmt: skip
         if self.task == "segment":
-            return "mask", answers.masks(outputs.segmentation(output)[:count],
-                                               placements)  # fmt: skip
+            return "mask", answers.masks(outputs.segmentation(output)[:count], placements,
+                                         resize_logits=self.resizes_logits)  # fmt: skip
         features = outputs.vectors(output)[:count]
         return "embedding", list(answers.embeddings(features, self.embed_normalize))
 

@@ -118,6 +118,7 @@ class ModelCard(BaseModel):
     dimensions: int = 0
     instances: list[str] = []
     clips_boxes: bool = True
+    resizes_logits: bool = False
 
 
 class StaleCardError(ModelLoadError):
@@ -133,6 +134,7 @@ def keep_card(path: Path, loaded: LoadedModel, digest: str, checkpoint: Path | N
         "transform": loaded.transform.as_dict(),
         "task": loaded.task, "dimensions": loaded.dimensions,
         "instances": list(loaded.instances), "clips_boxes": loaded.clips_boxes,
+        "resizes_logits": loaded.resizes_logits,
         "checkpoint_sha256": file_sha256(checkpoint) if checkpoint is not None else None,
     })  # fmt: skip
 
@@ -176,7 +178,8 @@ def from_card(
                        digest=digest, content=content, task=card.task,
                        dimensions=card.dimensions,
                        instances=tuple(card.instances),
-                       clips_boxes=card.clips_boxes)  # fmt: skip
+                       clips_boxes=card.clips_boxes,
+                       resizes_logits=card.resizes_logits)  # fmt: skip
 
 
 def load_described(

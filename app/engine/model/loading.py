@@ -115,6 +115,7 @@ class LoadedModel:
         dimensions: int = 0,
         instances: tuple[str, ...] = (),
         clips_boxes: bool = True,
+        resizes_logits: bool = False,
     ) -> None:
         if module is None and build is None:
             raise ValueError("a module, or a way to build it")
@@ -130,6 +131,10 @@ class LoadedModel:
         # Whether a detector's boxes are clipped to the image (as every library but
         # transformers, whose post-processing leaves them as the model draws them).
         self.clips_boxes = clips_boxes
+        # Whether a segmenter's mask is the arg-max of its logits resized to the image
+        # (transformers' post-processing), rather than its classes at the model's resolution
+        # resized (nearest) to it; coarser logits are always resized first.
+        self.resizes_logits = resizes_logits
         self._module = module
         self._build = build
         self._content = content
@@ -153,6 +158,7 @@ class LoadedModel:
             self.name, None, self.weights, self.labels, self.transform,
             build=lambda: copy.deepcopy(self.module), digest=self.digest, task=self.task,
             dimensions=self.dimensions, instances=self.instances, clips_boxes=self.clips_boxes,
+            resizes_logits=self.resizes_logits,
         )  # fmt: skip
 
 
@@ -300,7 +306,7 @@ def _load_hf(
                                  f"{outputs} classes")  # fmt: skip
     return LoadedModel(name, model.module, model.weights, labels, transform, task=model.task,
                        dimensions=outputs if model.task == "embed" else 0,
-                       clips_boxes=False)  # fmt: skip
+                       clips_boxes=False, resizes_logits=True)  # fmt: skip
 
 
 def _task_of(module: nn.Module) -> Task | None:

@@ -253,10 +253,14 @@ def encoded(binary: torch.Tensor) -> list[dict[str, Any]]:
             for each in coco.encode(np.asfortranarray(pixels))]  # fmt: skip
 
 
-def masks(logits: torch.Tensor, placements: Sequence[Placement]) -> list[np.ndarray[Any, Any]]:
+def masks(
+    logits: torch.Tensor, placements: Sequence[Placement], resize_logits: bool = False
+) -> list[np.ndarray[Any, Any]]:
     """Each image's mask of class indices, ``[H, W]`` in its own pixels: uint8 for up to 256
-    classes, else uint16 (up to 65,536)."""
-    if logits.shape[-2:] != placements[0].canvas:
+    classes, else uint16 (up to 65,536). Logits coarser than the input, or all of them with
+    ``resize_logits``, are resized to the image before their arg-max; otherwise the classes
+    at the input's resolution are cut from the canvas and resized (nearest)."""
+    if resize_logits or logits.shape[-2:] != placements[0].canvas:
         return [
             _resized_classes(row, where) for row, where in zip(logits, placements, strict=False)
         ]
@@ -285,11 +289,11 @@ LOGIT_BAND_BYTES = 16 * 1024 * 1024
 
 def _resized_classes(logits: torch.Tensor, where: Placement) -> np.ndarray[Any, Any]:
     """The mask of a model whose logits ``[C, h, w]`` are coarser than its input (SegFormer's
-    are a quarter of it), as Hugging Face's ``post_process_semantic_segmentation`` makes it:
-    the logits resized to the image's size (bilinear) and their arg-max there; resized
-    directly where the image fills the input, else to the input and the image's content cut
-    from it first. A band of rows at a time, so that ``C`` planes of the image's size are
-    never whole."""
+    are a quarter of it), or of any transformers segmenter, as Hugging Face's
+    ``post_process_semantic_segmentation`` makes it: the logits resized to the image's size
+    (bilinear) and their arg-max there; resized directly where the image fills the input, else
+    to the input and the image's content cut from it first. A band of rows at a time, so that
+    ``C`` planes of the image's size are never whole."""
     channels, height, width = logits.shape
     canvas_height, canvas_width = where.canvas
     device = logits.device
