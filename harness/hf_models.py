@@ -88,17 +88,26 @@ def _rt_detr(t: Any) -> tuple[nn.Module, Any]:
                             encoder_ffn_dim=32, decoder_ffn_dim=32, decoder_layers=1,
                             num_queries=30, **_labelled())  # fmt: skip
     model = t.RTDetrForObjectDetection(config)
-    # transformers' initialisation leaves this small encoder's memory alike at every position
-    # (and its box deltas zero): torch's own layer initialisation spreads it. The positions
-    # outside the anchors' range (memory masked to zero) are scored by the head's bias alone:
-    # set well below the others, so that the queries start from anchors, as trained ones do.
-    for layer in model.modules():
-        if isinstance(layer, nn.Linear | nn.Conv2d):
-            layer.reset_parameters()
-    with torch.no_grad():
-        model.model.enc_output[0].bias.zero_()
-        model.model.enc_score_head.bias.fill_(-10.0)
+    _anchored(model)
     return model, t.RTDetrImageProcessor()
+
+
+def _anchored(model: nn.Module, decoder_too: bool = True) -> None:
+    """transformers' initialisation leaves a small RT-DETR-like encoder's memory alike at every
+    position (and its box deltas zero): torch's own layer initialisation spreads it. The
+    positions outside the anchors' range (memory masked to zero) are scored by the head's bias
+    alone: set well below the others, so that the queries start from anchors, as trained ones
+    do. D-FINE's decoder keeps its own initialisation (``decoder_too`` false): its gates and
+    quality heads, redrawn, leave every query alike."""
+    for name, layer in model.named_modules():
+        if isinstance(layer, nn.Linear | nn.Conv2d) and (
+            decoder_too or not name.startswith("model.decoder.")
+        ):
+            layer.reset_parameters()
+    encoder: Any = model.model
+    with torch.no_grad():
+        encoder.enc_output[0].bias.zero_()
+        encoder.enc_score_head.bias.fill_(-10.0)
 
 
 def _segformer(t: Any) -> tuple[nn.Module, Any]:
@@ -143,6 +152,44 @@ def _dpt(t: Any) -> tuple[nn.Module, Any]:
     return t.DPTForSemanticSegmentation(config), processor
 
 
+def _deformable_detr(t: Any) -> tuple[nn.Module, Any]:
+    backbone = t.ResNetConfig(depths=[1, 1, 1, 1], hidden_sizes=[16, 32, 64, 128],
+                              embedding_size=16,
+                              out_features=["stage2", "stage3", "stage4"])  # fmt: skip
+    # Two decoder layers: transformers cannot tie one layer's box head to the next's with one.
+    config = t.DeformableDetrConfig(use_timm_backbone=False, backbone_config=backbone,
+                                    use_pretrained_backbone=False, d_model=32, encoder_layers=1,
+                                    decoder_layers=2, encoder_attention_heads=2,
+                                    decoder_attention_heads=2, encoder_ffn_dim=32,
+                                    decoder_ffn_dim=32, num_queries=20, num_feature_levels=3,
+                                    encoder_n_points=2, decoder_n_points=2,
+                                    **_labelled())  # fmt: skip
+    processor = t.DeformableDetrImageProcessor(size={"shortest_edge": 480, "longest_edge": 800})
+    return t.DeformableDetrForObjectDetection(config), processor
+
+
+def _d_fine(t: Any) -> tuple[nn.Module, Any]:
+    backbone = t.RTDetrResNetConfig(depths=[1, 1, 1, 1], hidden_sizes=[16, 32, 64, 128],
+                                    embedding_size=16,
+                                    out_features=["stage2", "stage3", "stage4"])  # fmt: skip
+    config = t.DFineConfig(backbone_config=backbone, encoder_in_channels=[32, 64, 128],
+                           encoder_hidden_dim=32, d_model=32, decoder_in_channels=[32, 32, 32],
+                           encoder_ffn_dim=32, decoder_ffn_dim=32, decoder_layers=2,
+                           num_queries=30, **_labelled())  # fmt: skip
+    model = t.DFineForObjectDetection(config)
+    _anchored(model, decoder_too=False)
+    # D-FINE's checkpoints ship RT-DETR's processor.
+    return model, t.RTDetrImageProcessor()
+
+
+def _siglip(t: Any) -> tuple[nn.Module, Any]:
+    config = t.SiglipVisionConfig(hidden_size=32, num_hidden_layers=2, num_attention_heads=2,
+                                  intermediate_size=64, image_size=224,
+                                  patch_size=16)  # fmt: skip
+    # SigLIP's processor: a fixed square, bicubic, mean and std 0.5.
+    return t.SiglipVisionModel(config), t.SiglipImageProcessor()
+
+
 def _vit_b16(t: Any) -> tuple[nn.Module, Any]:
     """ViT-B/16 at 224 (transformers' default configuration), ImageNet's 1,000 classes."""
     config = t.ViTConfig(**_labelled(1000))
@@ -158,7 +205,8 @@ def _rt_detr_r50(t: Any) -> tuple[nn.Module, Any]:
 FAMILIES: dict[str, Callable[[Any], tuple[nn.Module, Any]]] = {
     "vit": _vit, "convnext": _convnext, "dinov2": _dinov2, "clip": _clip, "detr": _detr,
     "rt_detr": _rt_detr, "segformer": _segformer, "conditional_detr": _conditional_detr,
-    "upernet": _upernet, "dpt": _dpt,
+    "upernet": _upernet, "dpt": _dpt, "deformable_detr": _deformable_detr, "d_fine": _d_fine,
+    "siglip": _siglip,
     # The benchmarks' full-size models.
     "vit_b16": _vit_b16, "rt_detr_r50": _rt_detr_r50,
 }  # fmt: skip
@@ -172,10 +220,30 @@ def saved(family: str, folder: Path, seed: int = 0) -> Path:
         torch.manual_seed(seed)
         model, processor = FAMILIES[family](_transformers())
         model.eval()
+        if family in _CALIBRATED:
+            _calibrated(model, processor)
         _spread(model, processor)
         model.save_pretrained(directory)  # type: ignore[operator]
         processor.save_pretrained(directory)
     return directory
+
+
+# Families whose freshly drawn layers shrink the signal through many normalised convolutions
+# (D-FINE's encoder): their batch norms take the photos' statistics, as training leaves them.
+_CALIBRATED = ("d_fine",)
+
+
+def _calibrated(model: nn.Module, processor: Any) -> None:
+    norms = [layer for layer in model.modules() if isinstance(layer, nn.BatchNorm2d)]
+    for norm in norms:
+        norm.reset_running_stats()
+        norm.momentum = None  # the average over every photo
+        norm.train()
+    with torch.no_grad():
+        for image in _images():
+            model(**processor(images=image, return_tensors="pt"))
+    for norm in norms:
+        norm.eval()
 
 
 def _spread(model: nn.Module, processor: Any) -> None:
@@ -223,6 +291,8 @@ def _head(model: nn.Module) -> nn.Module | None:
         classifier: nn.Module = decode.classifier
         return classifier
     embed = getattr(getattr(getattr(model, "model", None), "decoder", None), "class_embed", None)
+    if embed is None:  # Deformable DETR's heads are the model's own
+        embed = getattr(model, "class_embed", None)
     if embed is not None:
         last: nn.Module = embed[-1]
         return last
@@ -238,6 +308,8 @@ def _box_head(model: nn.Module) -> nn.Module | None:
     if predictor is None:
         embed = getattr(getattr(getattr(model, "model", None), "decoder", None), "bbox_embed",
                         None)  # fmt: skip
+        if embed is None:
+            embed = getattr(model, "bbox_embed", None)
         predictor = embed[-1] if embed is not None else None
     if predictor is None:
         return None

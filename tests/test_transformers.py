@@ -1,8 +1,9 @@
 """Hugging Face transformers models served as the library's own pipeline answers them: a
 directory ``save_pretrained`` wrote (``MODEL=./my-model``) or ``MODEL=hf:<repo>``.
 
-Small configurations of real architectures (ViT and ConvNeXt classifiers, DINOv2 and CLIP's
-vision tower as encoders, DETR and RT-DETR detectors, SegFormer) built offline with spread
+Small configurations of real architectures (ViT and ConvNeXt classifiers, DINOv2 and CLIP's and
+SigLIP's vision towers as encoders, DETR, Conditional and Deformable DETR, RT-DETR and D-FINE
+detectors, SegFormer, UperNet and DPT segmenters) built offline with spread
 heads and saved with their image processor (``harness.hf_models``), served through the real
 start-up path, real photos of five shapes sent together, and held photo by photo to the image
 processor, the model and the processor's own post-processing on Pillow's image: the same top
@@ -79,7 +80,8 @@ async def test_a_classifier_answers_what_transformers_answers(
 
 
 @pytest.mark.parametrize(("family", "backend"), [("dinov2", "torch"), ("clip", "torch"),
-                                                 ("dinov2", "onnxruntime")])  # fmt: skip
+                                                 ("dinov2", "onnxruntime"),
+                                                 ("siglip", "torch")])  # fmt: skip
 async def test_an_encoder_answers_its_image_vector(family: str, backend: str, folder: Path) -> None:
     model, bodies = await served_photos(settings_for(family, folder, backend=backend,
                                                      task="embed"))  # fmt: skip
@@ -95,6 +97,8 @@ async def test_an_encoder_answers_its_image_vector(family: str, backend: str, fo
 
 @pytest.mark.parametrize(("family", "backend"), [("detr", "torch"), ("rt_detr", "torch"),
                                                  ("conditional_detr", "torch"),
+                                                 ("deformable_detr", "torch"),
+                                                 ("d_fine", "torch"),
                                                  ("detr", "onnxruntime")])  # fmt: skip
 async def test_a_detector_answers_its_processors_boxes(
     family: str, backend: str, folder: Path
