@@ -258,6 +258,52 @@ def test_beyond_the_noise_means_a_margin_larger_than_the_rounds_vary() -> None:
     assert (order, within) == (["torch", "openvino", "onnxruntime"], ["torch", "openvino"])
 
 
+def test_a_batch_that_takes_seconds_is_timed_in_fewer_runs_and_rounds(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """A large detector's start-up on a CPU: three rounds, one timed run after the warm-up."""
+    from torch import nn
+
+    from app.engine import choice
+    from app.engine.backends import TorchBackend
+    from app.engine.checks import precision
+
+    made_up = {"fast": 400.0, "slow": 4.0}  # batches of 8: 0.02 s and 2 s
+    machine = fixed_rates(lambda backend: made_up[backend.name])
+    backends: dict[str, Any] = {"fast": _Named("fast"), "slow": _Named("slow")}
+    rounds = choice.measure_in_rounds(backends, (3, 8, 8), 8, machine=machine)
+    assert len(rounds["slow"]) == choice.LONG_ROUNDS < choice.ROUNDS
+    made_up["slow"] = 40.0  # 0.2 s
+    assert len(choice.measure_in_rounds(backends, (3, 8, 8), 8, machine=machine)["slow"]) == (
+        choice.ROUNDS
+    )
+
+    class Counted(nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.runs = 0
+
+        def forward(self, batch: torch.Tensor) -> torch.Tensor:
+            self.runs += 1
+            return batch.mean((2, 3))
+
+    monkeypatch.setattr(precision, "LONG_PASS_SECONDS", 0.0)  # every pass is long
+    module = Counted()
+    backend = TorchBackend(module, torch.device("cpu"), torch.float32, (3, 8, 8))
+    module.runs = 0
+    assert Machine(native_bf16=False).rate(backend, (3, 8, 8), 2, 0.0) > 0
+    assert module.runs == 2  # the warm-up and one timed run
+    monkeypatch.setattr(precision, "LONG_PASS_SECONDS", 60.0)
+    module.runs = 0
+    precision.images_per_second(backend, (3, 8, 8), 2, 0.0)
+    assert module.runs == 4
+
+
+class _Named:
+    def __init__(self, name: str) -> None:
+        self.name = name
+
+
 def test_an_unreadable_kept_decision_is_measured_again_with_a_warning(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
 ) -> None:

@@ -42,6 +42,7 @@ from pydantic import BaseModel
 
 from app.cpus import cpu_model
 from app.engine.backends import Backend
+from app.engine.checks.precision import LONG_PASS_SECONDS
 from app.engine.errors import StartupError
 from app.engine.int8.int8_class import this_cpu
 from app.engine.machine import Machine
@@ -59,6 +60,9 @@ FOLDER = "backend-choice"
 # Rounds of timing, each candidate once per round, and how long each timing lasts at least.
 ROUNDS = 5
 ROUND_SECONDS = 0.15
+# Fewer rounds where the first finds a batch that takes seconds: a large model's noise is a
+# small part of each pass, and five rounds of it would keep a CPU's start-up for minutes.
+LONG_ROUNDS = 3
 
 
 class Decision(BaseModel):
@@ -209,16 +213,24 @@ def measure_in_rounds(
     machine: Machine | None = None,
 ) -> dict[str, list[float]]:
     """Each backend's forward rate, once per round, the order turned by one each round, each
-    timing under ``device_lock``."""
+    timing under ``device_lock``; ``LONG_ROUNDS`` rounds at most where the slowest takes over
+    ``LONG_PASS_SECONDS`` a batch."""
     rate = (machine or Machine.here()).rate
     keys = list(backends)
     measured: dict[str, list[float]] = {key: [] for key in keys}
     for round_index in range(rounds):
+        if round_index == LONG_ROUNDS and _longest_pass(measured, rows) > LONG_PASS_SECONDS:
+            break
         shift = round_index % len(keys)
         for key in keys[shift:] + keys[:shift]:
             with device_lock or contextlib.nullcontext():
                 measured[key].append(rate(backends[key], input_shape, rows, ROUND_SECONDS))
     return measured
+
+
+def _longest_pass(measured: dict[str, list[float]], rows: int) -> float:
+    """Seconds the slowest candidate's first timed batch took."""
+    return rows / max(min(rates[0] for rates in measured.values()), 1e-9)
 
 
 def beats(faster: list[float], slower: list[float]) -> bool:

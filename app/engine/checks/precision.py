@@ -16,15 +16,19 @@ logger = logging.getLogger("batchserve")
 # A less precise candidate must be at least this much faster to be served instead.
 MARGIN = 1.1
 SECONDS = 0.3  # each candidate precision's forward pass is timed this long at least
+# A batch that takes this long is timed once after its warm-up: the first runs' noise is a
+# small part of it, and three runs would add minutes to a large detector's start on a CPU.
+LONG_PASS_SECONDS = 1.0
 
 
 def images_per_second(
     backend: Backend, input_shape: tuple[int, int, int], rows: int, min_seconds: float = 0.3
 ) -> float:
     """The backend's forward rate on a random batch: after one warm-up run, the best of the
-    runs of at least ``min_seconds`` (and at least three). A span rather than a few runs,
-    because torch's own threads keep spinning for a while after any torch operation (making
-    the batch is one) and would slow the first runs of another runtime on the same cores."""
+    runs of at least ``min_seconds`` (and at least three, or one of a long pass). A span
+    rather than a few runs, because torch's own threads keep spinning for a while after any
+    torch operation (making the batch is one) and would slow the first runs of another runtime
+    on the same cores."""
     layout = torch.channels_last if backend.channels_last else torch.contiguous_format
     batch = torch.randn((rows, *input_shape), generator=torch.Generator().manual_seed(0))
     batch = batch.to(device=backend.device, dtype=backend.input_dtype)
@@ -34,7 +38,9 @@ def images_per_second(
         backend.forward(batch)
         _synchronize(backend)
         began, runs = time.perf_counter(), 0
-        while runs < 3 or time.perf_counter() - began < min_seconds:
+        while runs < (1 if best > LONG_PASS_SECONDS else 3) or (
+            time.perf_counter() - began < min_seconds
+        ):
             started = time.perf_counter()
             backend.forward(batch)
             _synchronize(backend)
