@@ -18,6 +18,7 @@ TOOLS = (
     "loadgen", "offline", "compare", "served_vs_limit", "served_ab", "served_profile", "sweep",
     "profile", "accuracy", "backends", "coldstart", "commits", "revisions", "peer_servers", "soak",
     "batcher_overhead", "int8_gate", "int8_evaluate", "gpu_check", "gpu_wheels", "agreement",
+    "ray_nodes",
 )  # fmt: skip
 # One question each: what a change gained, a suspect cleared, a choice measured.
 STUDIES = (
