@@ -104,12 +104,15 @@ def model_arguments(doc: str | None, file: str, *, batch_size: int = 8) -> argpa
     return parser
 
 
+DEFAULT_DURATION = 10.0  # seconds of each measured load
+
+
 def load_arguments(
     parser: argparse.ArgumentParser,
     *,
     clients: int = 64,
     rounds: int = 3,
-    duration: float = 10.0,
+    duration: float = DEFAULT_DURATION,
     warmup: float = 3.0,
     duration_flag: str = "--duration",
 ) -> argparse.ArgumentParser:

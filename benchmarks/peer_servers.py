@@ -30,6 +30,7 @@ from app.engine import resolve_task
 from benchmarks import wrk
 from benchmarks.backends import prepare_artifacts
 from benchmarks.common import (
+    DEFAULT_DURATION,
     command_line,
     load_arguments,
     machine,
@@ -222,7 +223,8 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
         "machine": machine(), "model": args.model, "batch_size": args.batch_size,
         "clients": args.clients, "rounds": args.rounds, "duration_s": args.duration,
         "shapes": args.shapes,
-        "configs": args.configs, "peers": {name: PEERS[name]["install"] for name in args.peers},
+        "configs": args.configs, "configs_given": args.configs_given,
+        "peers": {name: PEERS[name]["install"] for name in args.peers},
         "served": served,
         "medians": medians, "ratios": ratios(samples, args.peers), "samples": samples,
     }  # fmt: skip
@@ -297,6 +299,10 @@ def markdown(data: dict[str, Any]) -> str:
         else "No peer ran."
     )
     chosen = "" if set(data["peers"]) == set(PEERS) else f" --peers {' '.join(data['peers'])}"
+    if data["duration_s"] != DEFAULT_DURATION:
+        chosen += f" --duration {data['duration_s']:g}"
+    if data.get("configs_given"):
+        chosen += " --configs " + " ".join(f"'{config}'" for config in data["configs"])
     shapes = data.get("shapes", "mixed")
     images = (
         "64 photo-like JPEGs of one size, 640x480 (one camera's frames)"
@@ -397,6 +403,7 @@ def main() -> None:
     parser.add_argument("--name", help="results/<name>.md (default: peers-<model>[-one-shape])")
     args = parser.parse_args()
     wrk.require()
+    args.configs_given = args.configs is not None
     if args.configs is None:
         # A model made here is served by default and unbatched, as a detector is.
         classify = not made_here(args.model) and resolve_task("auto", args.model) == "classify"
