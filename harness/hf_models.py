@@ -79,14 +79,19 @@ def _detr(t: Any) -> tuple[nn.Module, Any]:
     return t.DetrForObjectDetection(config), processor
 
 
-def _rt_detr(t: Any) -> tuple[nn.Module, Any]:
+def _rt_detr_like(t: Any, decoder_layers: int) -> dict[str, Any]:
+    """A small RT-DETR-like configuration (RT-DETR's, D-FINE's): its ResNet, encoder, decoder."""
     backbone = t.RTDetrResNetConfig(depths=[1, 1, 1, 1], hidden_sizes=[16, 32, 64, 128],
                                     embedding_size=16,
                                     out_features=["stage2", "stage3", "stage4"])  # fmt: skip
-    config = t.RTDetrConfig(backbone_config=backbone, encoder_in_channels=[32, 64, 128],
-                            encoder_hidden_dim=32, d_model=32, decoder_in_channels=[32, 32, 32],
-                            encoder_ffn_dim=32, decoder_ffn_dim=32, decoder_layers=1,
-                            num_queries=30, **_labelled())  # fmt: skip
+    return dict(backbone_config=backbone, encoder_in_channels=[32, 64, 128],
+                encoder_hidden_dim=32, d_model=32, decoder_in_channels=[32, 32, 32],
+                encoder_ffn_dim=32, decoder_ffn_dim=32, decoder_layers=decoder_layers,
+                num_queries=30, **_labelled())  # fmt: skip
+
+
+def _rt_detr(t: Any) -> tuple[nn.Module, Any]:
+    config = t.RTDetrConfig(**_rt_detr_like(t, decoder_layers=1))
     model = t.RTDetrForObjectDetection(config)
     _anchored(model)
     return model, t.RTDetrImageProcessor()
@@ -169,13 +174,7 @@ def _deformable_detr(t: Any) -> tuple[nn.Module, Any]:
 
 
 def _d_fine(t: Any) -> tuple[nn.Module, Any]:
-    backbone = t.RTDetrResNetConfig(depths=[1, 1, 1, 1], hidden_sizes=[16, 32, 64, 128],
-                                    embedding_size=16,
-                                    out_features=["stage2", "stage3", "stage4"])  # fmt: skip
-    config = t.DFineConfig(backbone_config=backbone, encoder_in_channels=[32, 64, 128],
-                           encoder_hidden_dim=32, d_model=32, decoder_in_channels=[32, 32, 32],
-                           encoder_ffn_dim=32, decoder_ffn_dim=32, decoder_layers=2,
-                           num_queries=30, **_labelled())  # fmt: skip
+    config = t.DFineConfig(**_rt_detr_like(t, decoder_layers=2))
     model = t.DFineForObjectDetection(config)
     _anchored(model, decoder_too=False)
     # D-FINE's checkpoints ship RT-DETR's processor.
