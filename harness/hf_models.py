@@ -175,10 +175,12 @@ def _deformable_detr(t: Any) -> tuple[nn.Module, Any]:
 
 def _d_fine(t: Any) -> tuple[nn.Module, Any]:
     config = t.DFineConfig(**_rt_detr_like(t, decoder_layers=2))
-    model = t.DFineForObjectDetection(config)
+    model = t.DFineForObjectDetection(config).eval()
     _anchored(model, decoder_too=False)
     # D-FINE's checkpoints ship RT-DETR's processor.
-    return model, t.RTDetrImageProcessor()
+    processor = t.RTDetrImageProcessor()
+    _calibrated(model, processor)
+    return model, processor
 
 
 def _siglip(t: Any) -> tuple[nn.Module, Any]:
@@ -219,20 +221,15 @@ def saved(family: str, folder: Path, seed: int = 0) -> Path:
         torch.manual_seed(seed)
         model, processor = FAMILIES[family](_transformers())
         model.eval()
-        if family in _CALIBRATED:
-            _calibrated(model, processor)
         _spread(model, processor)
         model.save_pretrained(directory)  # type: ignore[operator]
         processor.save_pretrained(directory)
     return directory
 
 
-# Families whose freshly drawn layers shrink the signal through many normalised convolutions
-# (D-FINE's encoder): their batch norms take the photos' statistics, as training leaves them.
-_CALIBRATED = ("d_fine",)
-
-
 def _calibrated(model: nn.Module, processor: Any) -> None:
+    """The batch norms given the photos' statistics, as training leaves them: where freshly
+    drawn layers shrink the signal through many normalised convolutions (D-FINE's encoder)."""
     norms = [layer for layer in model.modules() if isinstance(layer, nn.BatchNorm2d)]
     for norm in norms:
         norm.reset_running_stats()
