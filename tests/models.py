@@ -365,6 +365,19 @@ def conv_encoder() -> nn.Module:
     return ConvEncoder()
 
 
+class FloatProbeEncoder(ConvEncoder):
+    """The conv encoder that also runs a float32 probe through its stem on every call, as
+    torchvision's detectors size their anchors: converted to bf16, it does not run."""
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        probe: torch.Tensor = self.stem(torch.zeros((1, 3, 8, 8), device=x.device))
+        return super().forward(x) + 0 * probe.mean()
+
+
+def float_probe_encoder() -> nn.Module:
+    return FloatProbeEncoder()
+
+
 GRID = 7  # a detector's cells along each side
 
 

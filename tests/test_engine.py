@@ -244,6 +244,42 @@ def test_auto_precision_serves_fp32_when_bf16_fails_its_start_up_check(
     assert not isinstance(result, BaseException)
 
 
+@pytest.mark.parametrize(
+    ("model", "task", "figure"),
+    [("tests.models:conv_grid_detector", "detect", "box_recall"),
+     ("tests.models:conv_segmenter", "segment", "min_pixel_agreement"),
+     ("tests.models:conv_encoder", "embed", "min_cosine")],
+)  # fmt: skip
+def test_auto_precision_weighs_bf16_for_every_task_checked_in_its_own_terms(
+    model: str, task: str, figure: str
+) -> None:
+    rates = {torch.float32: 100.0, torch.bfloat16: 200.0}
+    machine = fixed_rates(lambda backend: rates[backend.input_dtype], native_bf16=True)
+    settings = make_settings(model=model, task=task, precision="auto", compile="none")
+    engine = build_engine(settings.own_model(), machine=machine)
+    assert engine.precision == "bf16"
+    assert engine.check is not None
+    assert engine.check["passed"]
+    assert figure in engine.check  # judged in the task's terms, not as probabilities
+
+
+def test_auto_precision_serves_fp32_where_the_model_does_not_run_in_bf16(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    rates = {torch.float32: 100.0, torch.bfloat16: 200.0}
+    machine = fixed_rates(lambda backend: rates[backend.input_dtype], native_bf16=True)
+    settings = make_settings(model="tests.models:float_probe_encoder", task="embed",
+                             precision="auto", compile="none")  # fmt: skip
+    with caplog.at_level(logging.WARNING, logger="batchserve"):
+        engine = build_engine(settings.own_model(), machine=machine)
+    assert engine.precision == "fp32"
+    (why,) = engine.backend.describe()["rejected_precisions"]["bf16"]
+    assert why.startswith("does not run this model:")
+    assert "bf16 does not run this model" in caplog.text
+    (result,) = engine.run_batch([request(1)])
+    assert not isinstance(result, BaseException)
+
+
 def test_bf16_asked_for_by_name_fails_the_start_when_it_fails_its_check(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:

@@ -278,7 +278,7 @@ def test_a_detector_confident_of_too_little_is_refused_int8(tmp_path: Path) -> N
 @pytest.mark.parametrize(
     ("model", "backend", "precision", "why"),
     [
-        (DETECTOR, "torch", "bf16", "TASK=detect is served in fp32 or int8 on a CPU"),
+        (DETECTOR, "torch", "fp16", "TASK=detect is served in fp32, bf16 or int8 on a CPU"),
         ("tests.models:bright_list_detector", "onnxruntime", "int8", "a list of boxes"),
     ],
 )

@@ -267,20 +267,20 @@ def _exportable(loaded: LoadedModel) -> bool:
 
 
 def _check_task_support(config: ModelConfig, task: str, device: torch.device) -> None:
-    """The precisions a task other than classification is served in on a CPU: fp32, or INT8
-    behind its task's gate (a detector's on a runtime, where its graph exports:
-    ``runtime_parts``); bf16's measured choice is the classifiers' alone."""
-    served = ("auto", "fp32", "int8")
+    """The precisions a task other than classification is served in on a CPU: fp32, bf16
+    checked in the task's terms, or INT8 behind its task's gate (a detector's on a runtime,
+    where its graph exports: ``runtime_parts``)."""
+    served = ("auto", "fp32", "bf16", "int8")
     if device.type == "cpu" and config.precision not in served:
         raise StartupError(
-            f"TASK={task} is served in {' or '.join(served[1:])} on a CPU, "
+            f"TASK={task} is served in {', '.join(served[1:-1])} or {served[-1]} on a CPU, "
             f"not PRECISION={config.precision}"
         )
 
 
 def _torch_backend(config: ModelConfig, loaded: LoadedModel, build: _Build) -> Backend:
     device = build.device
-    native_bf16 = build.machine.native_bf16 and loaded.task == "classify"
+    native_bf16 = build.machine.native_bf16
     candidates = precision_candidates(config.precision, device, native_bf16)
     shape = input_shape(loaded)
     # A detector's outputs have data-dependent sizes, and a model whose input follows each
@@ -346,7 +346,7 @@ def runtime_precisions(
 
 def _runtime_backend(config: ModelConfig, loaded: LoadedModel, build: _Build) -> Backend:
     device, batching, phases = build.device, build.batching, build.phases
-    native_bf16 = build.machine.native_bf16 and loaded.task == "classify"
+    native_bf16 = build.machine.native_bf16
     precisions = runtime_precisions(config, device, native_bf16)
     root = config.artifacts_dir
     gate = None

@@ -91,13 +91,22 @@ def fastest(
         return build(candidates[0]), {}
     rates: dict[str, float] = {}
     built: dict[str, Backend] = {}
-    for precision in candidates:
+    rejected: dict[str, list[str]] = {}
+
+    def measured(precision: str) -> None:
         built[precision] = build(precision)
         rates[precision] = rate(built[precision], input_shape, rows, SECONDS)
-    rejected: dict[str, list[str]] = {}
+
+    for precision in candidates:
+        if not_run := _does_not_run(precision, candidates[0], measured):
+            built.pop(precision, None)
+            rejected[precision] = not_run
     for precision in preferred(rates):
         backend = built.pop(precision)
-        failed = failures_of(backend) if failures_of is not None else []
+        failed: list[str] = []
+        if (check := failures_of) is not None:
+            failed += _does_not_run(precision, candidates[0],
+                                    lambda _: failed.extend(check(backend)))  # fmt: skip
         if failed:
             logger.warning("precision auto: %s failed its start-up check, trying the next: %s",
                            precision, "; ".join(failed))  # fmt: skip
@@ -113,6 +122,20 @@ def fastest(
         "every precision failed its start-up check: "
         + "; ".join(f"{name}: {' '.join(failed)}" for name, failed in rejected.items())
     )
+
+
+def _does_not_run(precision: str, most_accurate: str, work: Callable[[str], object]) -> list[str]:
+    """Run ``work(precision)``; where a less precise candidate raises (a module that makes
+    float32 tensors of its own, as torchvision's detectors do, cannot run converted to bf16),
+    why, and the next candidate is weighed. The most accurate one's error is the model's own."""
+    try:
+        work(precision)
+    except Exception as exc:
+        if precision == most_accurate:
+            raise
+        logger.warning("precision auto: %s does not run this model: %s", precision, exc)
+        return [f"does not run this model: {exc}"]
+    return []
 
 
 def preferred(rates: dict[str, float]) -> list[str]:
