@@ -15,6 +15,7 @@ from __future__ import annotations
 import contextlib
 import io
 import logging
+import re
 import warnings
 from collections.abc import Iterator, Sequence
 from pathlib import Path
@@ -95,39 +96,69 @@ def export_graph(
         _quiet("onnxscript", "onnx_ir", "torch.onnx"),
     ):
         warnings.simplefilter("ignore")
-        program = torch.onnx.export(
-            module,
-            example,
-            dynamo=True,
-            input_names=list(inputs),
-            output_names=list(outputs),
-            dynamic_shapes=dynamic_shapes,
-            opset_version=OPSET,
-            optimize=True,
-            verbose=False,
-        )
+        try:
+            program = torch.onnx.export(
+                module,
+                example,
+                dynamo=True,
+                input_names=list(inputs),
+                output_names=list(outputs),
+                dynamic_shapes=dynamic_shapes,
+                opset_version=OPSET,
+                optimize=True,
+                verbose=False,
+            )
+        except Exception as exc:  # the exporter's many errors all mean one thing here
+            root = _root_cause(exc)
+            reason = f"{type(root).__name__}: {_first_line(root)}"
+            raise StartupError(
+                f"its graph does not export to ONNX ({reason}): a runtime cannot serve it "
+                f"(BACKEND=torch does)"
+            ) from exc
     if program is None:
         raise RuntimeError("the ONNX exporter returned no program")
     program.save(str(path))
-    _require_dynamic_batch(path, inputs[0], 0 in dynamic_shapes[0])
+    _require_dynamic_axes(path, inputs[0], dynamic_shapes[0])
 
 
-def _require_dynamic_batch(path: Path, name: str, wanted: bool) -> None:
-    """A graph whose batch axis the exporter fixed (it fell back to tracing a model whose
-    code it cannot export whole: RT-DETR's anchors, for one) serves no other batch: refused
-    here, with one line, rather than failing on the first batch of another size."""
+def _root_cause(exc: BaseException) -> BaseException:
+    """The innermost error: the exporter wraps the one that names the operator it lacks."""
+    while exc.__cause__ is not None:
+        exc = exc.__cause__
+    return exc
+
+
+def _first_line(exc: BaseException) -> str:
+    text = re.sub(r"\x1b\[[0-9;]*m", "", str(exc))  # the exporter colours its messages
+    lines = [line.strip() for line in text.splitlines() if line.strip()]
+    return lines[0] if lines else "no message"
+
+
+def _require_dynamic_axes(path: Path, name: str, wanted: dict[int, Any]) -> None:
+    """A graph whose batch axis, or height and width, the exporter fixed (it fell back to
+    tracing code it cannot export whole: RT-DETR's anchors, Deformable DETR's sampling
+    offsets) serves no other batch or size: refused here, with one line, rather than failing
+    on the first batch of another size."""
     if not wanted:
         return
     import onnx
 
     graph = onnx.load(str(path), load_external_data=False).graph
     (first,) = [each for each in graph.input if each.name == name]
-    batch = first.type.tensor_type.shape.dim[0]
-    if not batch.dim_param:
-        raise StartupError(
-            f"its graph exports to ONNX only with a fixed batch of {batch.dim_value}: a "
-            f"runtime cannot serve it (BACKEND=torch does)"
-        )
+    dims = first.type.tensor_type.shape.dim
+    fixed = [axis for axis in sorted(wanted) if not dims[axis].dim_param]
+    if not fixed:
+        return
+    if fixed == [0]:
+        what = f"a fixed batch of {dims[0].dim_value}"
+    else:
+        what = "a fixed " + " x ".join(("batch", "channels", "height", "width")[axis]
+                                       for axis in fixed)  # fmt: skip
+        what += " of " + "x".join(str(dims[axis].dim_value) for axis in fixed)
+    raise StartupError(
+        f"its graph exports to ONNX only with {what}: a runtime cannot serve it "
+        f"(BACKEND=torch does)"
+    )
 
 
 @contextlib.contextmanager
