@@ -25,14 +25,17 @@ from typing import Any
 import numpy as np
 import pytest
 
+from app.engine import build_engine
 from app.engine.checks.task_gate import compare_answers
-from app.engine.errors import StartupError
+from app.engine.errors import StartupError, UngatedModelError
+from app.engine.model.artifacts import REPORT, read_json
 from app.engine.model.hf_models import HfModelError, load_hf
 from app.engine.model.loading import ModelLoadError, load_model
 from app.engine.model.store import ensure_onnx
 from harness import hf_models
 from harness.photos import photos
 from preprocessing.transforms import Interpolation
+from tests import images
 from tests.conftest import make_settings, served_photos
 from tests.test_fidelity import served_answer
 
@@ -179,6 +182,38 @@ def test_a_server_resizing_otherwise_answers_otherwise(folder: Path) -> None:
     assert worst(replace(loaded.transform, crop_floor=False)) > PROBABILITY["torch"]
 
 
+@pytest.mark.parametrize(
+    ("family", "task", "backend", "figure"),
+    [("vit", "classify", "openvino", "confident_top1_agreement"),
+     ("detr", "detect", "openvino", "box_recall"),
+     ("dinov2", "embed", "onnxruntime", "worst_cosine")],
+)  # fmt: skip
+def test_int8_of_a_transformers_model_is_judged_by_its_tasks_gate(
+    family: str, task: str, backend: str, figure: str, folder: Path, tmp_path: Path
+) -> None:
+    """Quantised from its own export and calibrated on photos, then served only where the
+    gate in its task's terms passes (which, with random weights and this CPU's INT8 speed,
+    it may not): either way the verdict is the task's, and nothing else is served."""
+    calibration = tmp_path / "calibration"
+    calibration.mkdir()
+    for seed in range(12):
+        photo = images.photo(320, 240, seed=seed)
+        (calibration / f"{seed:02d}.jpg").write_bytes(images.jpeg(photo))
+    settings = settings_for(family, folder, backend=backend, precision="int8", task=task,
+                            calibration_dir=calibration)  # fmt: skip
+    refusal = ""
+    try:
+        served: str | None = build_engine(settings.own_model()).precision
+    except UngatedModelError as exc:
+        served, refusal = None, str(exc)
+    assert "\n" not in refusal  # a refusal is one line naming the figures it failed
+    (path,) = settings.own_model().artifacts_dir.glob(f"*{family}*int8*/{REPORT}")
+    report = read_json(path)
+    assert report is not None
+    assert figure in report
+    assert served == ("int8" if report["passed"] else None)
+
+
 def test_what_cannot_be_served_stops_the_start(folder: Path, tmp_path: Path) -> None:
     vit = hf_models.saved("vit", folder)
     bare = tmp_path / "bare"
@@ -199,8 +234,10 @@ def test_what_cannot_be_served_stops_the_start(folder: Path, tmp_path: Path) -> 
         ensure_onnx(tmp_path / "artifacts", rt_detr)
     # Deformable DETR's export fixes the canvas it was traced at; D-FINE's does not convert
     # (an operator the exporter lacks): each refused in one line, BACKEND=torch serving it.
-    for family, why in (("deformable_detr", "only with a fixed height x width of"),
-                        ("d_fine", r"does not export to ONNX \(DispatchError: No ONNX function")):
+    for family, why in (
+        ("deformable_detr", "only with a fixed height x width of"),
+        ("d_fine", r"does not export to ONNX \(DispatchError: No ONNX function"),
+    ):
         with pytest.raises(StartupError, match=why) as raised:
             ensure_onnx(tmp_path / "artifacts", load_model(str(hf_models.saved(family, folder))))
         assert "\n" not in str(raised.value)

@@ -5,6 +5,7 @@ from __future__ import annotations
 import logging
 import time
 from collections.abc import Callable, Sequence
+from functools import partial
 
 import torch
 
@@ -93,20 +94,21 @@ def fastest(
     built: dict[str, Backend] = {}
     rejected: dict[str, list[str]] = {}
 
-    def measured(precision: str) -> None:
+    def measured(precision: str) -> list[str]:
         built[precision] = build(precision)
         rates[precision] = rate(built[precision], input_shape, rows, SECONDS)
+        return []
+
+    def checked(backend: Backend) -> list[str]:
+        return failures_of(backend) if failures_of is not None else []
 
     for precision in candidates:
-        if not_run := _does_not_run(precision, candidates[0], measured):
+        if not_run := _guarded(precision, candidates[0], partial(measured, precision)):
             built.pop(precision, None)
             rejected[precision] = not_run
     for precision in preferred(rates):
         backend = built.pop(precision)
-        failed: list[str] = []
-        if (check := failures_of) is not None:
-            failed += _does_not_run(precision, candidates[0],
-                                    lambda _: failed.extend(check(backend)))  # fmt: skip
+        failed = _guarded(precision, candidates[0], partial(checked, backend))
         if failed:
             logger.warning("precision auto: %s failed its start-up check, trying the next: %s",
                            precision, "; ".join(failed))  # fmt: skip
@@ -124,18 +126,18 @@ def fastest(
     )
 
 
-def _does_not_run(precision: str, most_accurate: str, work: Callable[[str], object]) -> list[str]:
-    """Run ``work(precision)``; where a less precise candidate raises (a module that makes
-    float32 tensors of its own, as torchvision's detectors do, cannot run converted to bf16),
-    why, and the next candidate is weighed. The most accurate one's error is the model's own."""
+def _guarded(precision: str, most_accurate: str, work: Callable[[], list[str]]) -> list[str]:
+    """What ``work()`` finds wrong with a candidate; where a less precise one raises (a module
+    that makes float32 tensors of its own, as torchvision's detectors do, cannot run converted
+    to bf16), that it does not run, and the next candidate is weighed. The most accurate
+    one's error is the model's own: raised."""
     try:
-        work(precision)
+        return work()
     except Exception as exc:
         if precision == most_accurate:
             raise
         logger.warning("precision auto: %s does not run this model: %s", precision, exc)
         return [f"does not run this model: {exc}"]
-    return []
 
 
 def preferred(rates: dict[str, float]) -> list[str]:
