@@ -114,21 +114,38 @@ def peer_server(name: str, model: str, batch_size: int) -> ServerProcess:
 
 
 def loaded(server: ServerProcess, images: list[bytes], clients: int,
-           args: argparse.Namespace) -> tuple[dict[str, Any], dict[str, float]]:  # fmt: skip
+           args: argparse.Namespace) -> tuple[dict[str, Any], dict[str, float], int]:  # fmt: skip
     """A warm-up load, then one answer (so that what the warm-up's clients left queued is
     done: a server that does not drop the work of a client that went away would otherwise
     spend the measured window on it, and with a slow model answer nothing in it), then the
-    measured load; with the images per forward pass of each canvas in it (batchserve only)."""
+    measured load; with the images per forward pass of each canvas in it and the forward
+    passes it held (batchserve only)."""
     wrk.run(server.url, images, clients, 0, args.warmup, multipart=True)
     first_answer(server, images[0], timeout_s=600.0)
     before = scrape(server.url)
     result = wrk.run(server.url, images, clients, 0, args.duration, multipart=True)
-    return result, canvas_batches(before, scrape(server.url))
+    after = scrape(server.url)
+    return result, canvas_batches(before, after), window_passes(before, after)
 
 
 def scrape(url: str) -> promtext.Samples:
     """batchserve's metrics; nothing for a peer."""
     return promtext.from_response(httpx.get(f"{url}/metrics", timeout=30))
+
+
+# A window that holds fewer forward passes than this counts its images in whole batches too
+# coarsely to compare: ViT-B/16's 1.6 s batches in 10 s windows read 0.808x unbatched, 0.984x
+# in 40 s windows (benchmarks/results/peers-vit-b16-amd-epyc-fp32*.md).
+FEW_PASSES = 20
+
+
+def window_passes(before: promtext.Samples, after: promtext.Samples) -> int:
+    """The forward passes (of every input shape) between two scrapes."""
+    delta = promtext.ServerDelta(before, after, 0.0)
+    canvases = {dict(labels)["canvas"] for name, labels in after
+                if name == "batchserve_canvas_batch_size_count"}  # fmt: skip
+    return round(sum(delta.delta("batchserve_canvas_batch_size_count", canvas=canvas)
+                     for canvas in canvases))  # fmt: skip
 
 
 def canvas_batches(before: promtext.Samples, after: promtext.Samples) -> dict[str, float]:
@@ -148,8 +165,8 @@ def canvas_batches(before: promtext.Samples, after: promtext.Samples) -> dict[st
 def measure(server: ServerProcess, images: list[bytes], args: argparse.Namespace) -> dict[str, Any]:
     with server:
         first_answer(server, images[0])
-        many, batches = loaded(server, images, args.clients, args)
-        one, _ = loaded(server, images, 1, args)
+        many, batches, passes = loaded(server, images, args.clients, args)
+        one, _, _ = loaded(server, images, 1, args)
     if many["errors"] or one["errors"]:
         print(f"    errors: {many['errors']} {one['errors']}", flush=True)
     return {
@@ -157,7 +174,7 @@ def measure(server: ServerProcess, images: list[bytes], args: argparse.Namespace
         "p99_ms": many["latency_ms"]["p99"], "one_client_p50_ms": one["latency_ms"]["p50"],
         "one_client_p99_ms": one["latency_ms"]["p99"],
         "errors": sum(many["errors"].values()) + sum(one["errors"].values()),
-        "canvas_batches": batches,
+        "canvas_batches": batches, "passes": passes,
     }  # fmt: skip
 
 
@@ -382,7 +399,26 @@ def batches_text(data: dict[str, Any]) -> str:
     return (
         f"Images per forward pass at {data['clients']} clients, by input shape (the mean over "
         f"the measured load, from `batchserve_canvas_batch_size`):\n\n{table(heading, rows)}\n"
+        f"{passes_text(data)}"
     )
+
+
+def passes_text(data: dict[str, Any]) -> str:
+    """How many forward passes each window held, and a warning where too few to count by."""
+    counts = {name: [sample["passes"] for sample in samples if "passes" in sample]
+              for name, samples in data["samples"].items()}  # fmt: skip
+    counts = {name: each for name, each in counts.items() if each}
+    if not counts:
+        return ""
+    text = "\nForward passes in each measured window: " + "; ".join(
+        f"{name} {', '.join(map(str, each))}" for name, each in counts.items()
+    ) + ".\n"  # fmt: skip
+    if min(min(each) for each in counts.values()) < FEW_PASSES:
+        text += (
+            f"\n**Fewer than {FEW_PASSES} passes in a window**: its images are counted in whole "
+            "batches, too coarsely to compare servers by; measure longer (`--duration`).\n"
+        )
+    return text
 
 
 def main() -> None:

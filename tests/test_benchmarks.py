@@ -524,7 +524,7 @@ def test_the_peers_reports_title_names_the_peers_that_ran() -> None:
 
 
 def test_the_peers_report_gives_the_images_per_pass_of_each_shape_in_the_measured_load() -> None:
-    from benchmarks.peer_servers import canvas_batches
+    from benchmarks.peer_servers import canvas_batches, window_passes
     from harness import promtext
 
     def scrape(*rows: tuple[str, float, float]) -> promtext.Samples:
@@ -542,3 +542,19 @@ def test_the_peers_report_gives_the_images_per_pass_of_each_shape_in_the_measure
     after = scrape(("320x448", 10 + 64, 10 + 8), ("448x320", 6, 3))
     assert canvas_batches(before, after) == {"320x448": 8.0, "448x320": 2.0}
     assert canvas_batches({}, {}) == {}
+    assert window_passes(before, after) == 11
+    assert window_passes({}, {}) == 0
+
+
+def test_the_peers_report_warns_where_a_window_held_too_few_forward_passes() -> None:
+    from benchmarks.peer_servers import FEW_PASSES, passes_text
+
+    def data(*passes: int) -> dict[str, Any]:
+        return {"samples": {"batchserve": [{"passes": each} for each in passes],
+                            "litserve": [{}, {}]}}  # fmt: skip
+
+    enough = passes_text(data(FEW_PASSES, FEW_PASSES + 5))
+    assert f"batchserve {FEW_PASSES}, {FEW_PASSES + 5}." in enough
+    assert "Fewer than" not in enough
+    assert "Fewer than" in passes_text(data(FEW_PASSES + 5, FEW_PASSES - 1))
+    assert passes_text(data()) == ""  # no batchserve server ran: nothing to say
