@@ -81,8 +81,8 @@ class ModelKeys(BaseModel):
     *and* a forward pass measured at start-up runs at least 1.1x faster in bf16 *and* bf16
     passes its start-up check against fp32 in the task's terms (probabilities, boxes, pixels,
     vectors; PyTorch and OpenVINO each measure both; some CPUs that report it run bf16 slower;
-    a model that does not run in bf16 stays fp32); or `fp32`, `fp16`, `bf16`, `int8` (ONNX Runtime and
-    OpenVINO only, from a model that passed its accuracy gate)."""
+    a model that does not run in bf16 stays fp32); or `fp32`, `fp16`, `bf16`, `int8` (ONNX
+    Runtime and OpenVINO only, from a model that passed its accuracy gate)."""
     decode_device: DecodeDevice = "auto"
     """Where JPEGs are decoded: `auto`, `cpu`, `cuda`."""
     fit: FitName = "auto"
