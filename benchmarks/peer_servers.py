@@ -141,25 +141,30 @@ FEW_PASSES = 20
 
 def window_passes(before: promtext.Samples, after: promtext.Samples) -> int:
     """The forward passes (of every input shape) between two scrapes."""
-    delta = promtext.ServerDelta(before, after, 0.0)
-    canvases = {dict(labels)["canvas"] for name, labels in after
-                if name == "batchserve_canvas_batch_size_count"}  # fmt: skip
-    return round(sum(delta.delta("batchserve_canvas_batch_size_count", canvas=canvas)
-                     for canvas in canvases))  # fmt: skip
+    return round(sum(passes for passes, _ in _canvas_counts(before, after).values()))
 
 
 def canvas_batches(before: promtext.Samples, after: promtext.Samples) -> dict[str, float]:
     """The mean images per forward pass of each input shape between two scrapes."""
+    return {canvas: images / passes
+            for canvas, (passes, images) in _canvas_counts(before, after).items()}  # fmt: skip
+
+
+def _canvas_counts(
+    before: promtext.Samples, after: promtext.Samples
+) -> dict[str, tuple[float, float]]:
+    """The forward passes and their images of each input shape between two scrapes, for each
+    shape that ran at least one."""
     delta = promtext.ServerDelta(before, after, 0.0)
     canvases = {dict(labels)["canvas"] for name, labels in after
                 if name == "batchserve_canvas_batch_size_count"}  # fmt: skip
-    means = {}
+    counts = {}
     for canvas in sorted(canvases):
         passes = delta.delta("batchserve_canvas_batch_size_count", canvas=canvas)
         if passes:
-            images = delta.delta("batchserve_canvas_batch_size_sum", canvas=canvas)
-            means[canvas] = images / passes
-    return means
+            counts[canvas] = (passes, delta.delta("batchserve_canvas_batch_size_sum",
+                                                  canvas=canvas))  # fmt: skip
+    return counts
 
 
 def measure(server: ServerProcess, images: list[bytes], args: argparse.Namespace) -> dict[str, Any]:

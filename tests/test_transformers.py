@@ -35,9 +35,9 @@ from app.engine.model.store import ensure_onnx
 from harness import hf_models
 from harness.photos import photos
 from preprocessing.transforms import Interpolation
-from tests import images
 from tests.conftest import make_settings, served_photos
 from tests.test_fidelity import served_answer
+from tests.test_int8_tasks import photo_folder
 
 pytest.importorskip("transformers")
 
@@ -194,13 +194,8 @@ def test_int8_of_a_transformers_model_is_judged_by_its_tasks_gate(
     """Quantised from its own export and calibrated on photos, then served only where the
     gate in its task's terms passes (which, with random weights and this CPU's INT8 speed,
     it may not): either way the verdict is the task's, and nothing else is served."""
-    calibration = tmp_path / "calibration"
-    calibration.mkdir()
-    for seed in range(12):
-        photo = images.photo(320, 240, seed=seed)
-        (calibration / f"{seed:02d}.jpg").write_bytes(images.jpeg(photo))
     settings = settings_for(family, folder, backend=backend, precision="int8", task=task,
-                            calibration_dir=calibration)  # fmt: skip
+                            calibration_dir=photo_folder(tmp_path, 12))  # fmt: skip
     refusal = ""
     try:
         served: str | None = build_engine(settings.own_model()).precision

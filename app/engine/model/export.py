@@ -149,12 +149,9 @@ def _require_dynamic_axes(path: Path, name: str, wanted: dict[int, Any]) -> None
     fixed = [axis for axis in sorted(wanted) if not dims[axis].dim_param]
     if not fixed:
         return
-    if fixed == [0]:
-        what = f"a fixed batch of {dims[0].dim_value}"
-    else:
-        what = "a fixed " + " x ".join(("batch", "channels", "height", "width")[axis]
-                                       for axis in fixed)  # fmt: skip
-        what += " of " + "x".join(str(dims[axis].dim_value) for axis in fixed)
+    what = "a fixed " + " x ".join(("batch", "channels", "height", "width")[axis]
+                                   for axis in fixed)  # fmt: skip
+    what += " of " + "x".join(str(dims[axis].dim_value) for axis in fixed)
     raise StartupError(
         f"its graph exports to ONNX only with {what}: a runtime cannot serve it "
         f"(BACKEND=torch does)"
